@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Runs every kiln test: installs what is missing (scripts/setup.sh), builds with Bazel, runs the
+# GoogleTest suites (`bazel test //...`) and the Python suites (pytest) against the built kilnd.
+# Any failure fails the run. Extra arguments go to pytest.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/setup.sh"
+kiln_setup_all
+cd "$KILN_ROOT"
+
+start=$SECONDS
+kiln_say "building and running the C++ tests (bazel test //...)"
+kiln_bazel test //... --test_output=errors
+kiln_say "C++ tests passed ($((SECONDS - start)) s)"
+
+start=$SECONDS
+kiln_say "running the Python tests (pytest) against $KILN_ROOT/bazel-bin/server/kilnd"
+export KILND="$KILN_ROOT/bazel-bin/server/kilnd"
+py_dirs=()
+for d in client/python/tests tests/python; do
+  [ -d "$d" ] && py_dirs+=("$d")
+done
+set +e
+"$KILN_ROOT/.venv/bin/python" -m pytest -q -p no:cacheprovider "${py_dirs[@]}" "$@"
+rc=$?
+set -e
+if [ $rc -eq 5 ]; then
+  kiln_say "no Python tests were collected"; exit 1
+fi
+[ $rc -eq 0 ] || exit $rc
+kiln_say "Python tests passed ($((SECONDS - start)) s)"

@@ -1,0 +1,245 @@
+// kilnd: the kiln compile server. See `kilnd --help`.
+//
+// Startup: parse flags -> configure logging -> check the cache dir and the listen address -> start
+// gRPC (Compiler, Admin, health, reflection) -> wait for SIGTERM/SIGINT. Shutdown: health turns
+// NOT_SERVING at once, new calls are refused, in-flight calls get --shutdown_grace_period to finish,
+// then kilnd exits 0. A second signal exits at once with status 1. Any startup problem prints one
+// line naming it and exits 2 (bad flag value) or 1 (environment).
+
+#include <signal.h>
+#include <stdio.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <iostream>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/internal/usage.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/grpcpp.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "server/admin_service.h"
+#include "server/cache_dir.h"
+#include "server/compiler_service.h"
+#include "server/listen_address.h"
+#include "server/logging.h"
+#include "server/request_executor.h"
+#include "server/server_stats.h"
+#include "server/version.h"
+#include "spdlog/spdlog.h"
+
+ABSL_FLAG(std::string, listen, "127.0.0.1:7878",
+          "Where to serve gRPC: host:port, [v6addr]:port, or unix:/absolute/path. A second "
+          "kilnd on the same address refuses to start.");
+ABSL_FLAG(std::string, cache_dir, "",
+          "The on-disk cache directory (created if missing; must be writable). Default: "
+          "$XDG_CACHE_HOME/kiln, else ~/.cache/kiln.");
+ABSL_FLAG(std::string, log_format, "text",
+          "Log format on stderr: 'text' for people, 'json' for one JSON object per line.");
+ABSL_FLAG(std::string, log_level, "info", "Log level: trace, debug, info, warn, error or off.");
+ABSL_FLAG(int64_t, max_receive_message_bytes, 256 << 20,
+          "Largest request kilnd accepts, in bytes (a graph with its tensor constants). Larger "
+          "requests get RESOURCE_EXHAUSTED.");
+ABSL_FLAG(int64_t, max_send_message_bytes, 256 << 20,
+          "Largest reply kilnd sends, in bytes (an artifact with its binaries).");
+ABSL_FLAG(int32_t, max_concurrent_streams, 256,
+          "HTTP/2 MAX_CONCURRENT_STREAMS: concurrent calls per client connection.");
+ABSL_FLAG(int32_t, request_threads, 4,
+          "Threads that process Compile/Lookup calls (gRPC's own threads only move bytes).");
+ABSL_FLAG(int32_t, max_queued_requests, 1024,
+          "Calls waiting for a request thread; past this kilnd answers RESOURCE_EXHAUSTED.");
+ABSL_FLAG(absl::Duration, shutdown_grace_period, absl::Seconds(30),
+          "On SIGTERM/SIGINT, how long in-flight calls get to finish before they are cancelled.");
+ABSL_FLAG(absl::Duration, debug_rpc_delay, absl::ZeroDuration(),
+          "Fault injection for tests: every Compile/Lookup waits this long before it is "
+          "processed. Leave at 0 in production.");
+
+namespace kiln {
+namespace {
+
+constexpr int kExitEnvironment = 1;
+constexpr int kExitUsage = 2;
+
+[[noreturn]] void Die(int code, const std::string& message) {
+  // One line, on stderr, whatever the log format: the operator reads it in a terminal or journal.
+  fprintf(stderr, "kilnd: %s\n", message.c_str());
+  fflush(stderr);
+  _exit(code);
+}
+
+bool IsKilnFlagFile(absl::string_view file) { return absl::StrContains(file, "server/"); }
+
+std::string VersionString() { return absl::StrCat("kilnd ", kKilnVersion, "\n"); }
+
+absl::Status CheckFlagValues() {
+  if (absl::GetFlag(FLAGS_max_receive_message_bytes) <= 0 ||
+      absl::GetFlag(FLAGS_max_receive_message_bytes) > INT32_MAX) {
+    return absl::InvalidArgumentError("--max_receive_message_bytes must be in 1..2147483647");
+  }
+  if (absl::GetFlag(FLAGS_max_send_message_bytes) <= 0 ||
+      absl::GetFlag(FLAGS_max_send_message_bytes) > INT32_MAX) {
+    return absl::InvalidArgumentError("--max_send_message_bytes must be in 1..2147483647");
+  }
+  if (absl::GetFlag(FLAGS_max_concurrent_streams) < 1) {
+    return absl::InvalidArgumentError("--max_concurrent_streams must be at least 1");
+  }
+  if (absl::GetFlag(FLAGS_request_threads) < 1 || absl::GetFlag(FLAGS_request_threads) > 1024) {
+    return absl::InvalidArgumentError("--request_threads must be in 1..1024");
+  }
+  if (absl::GetFlag(FLAGS_max_queued_requests) < 1) {
+    return absl::InvalidArgumentError("--max_queued_requests must be at least 1");
+  }
+  if (absl::GetFlag(FLAGS_shutdown_grace_period) < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--shutdown_grace_period must not be negative");
+  }
+  return absl::OkStatus();
+}
+
+int Run(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "the kiln compile server.\n\n"
+      "Serves kiln.v1.Compiler (Compile, Lookup) and kiln.v1.Admin over gRPC, with the standard\n"
+      "grpc.health.v1 health service and server reflection. PyTorch clients use it through\n"
+      "torch.compile(model, backend=\"kiln\"); operators inspect it with kilnctl.\n\n"
+      "Usage: kilnd [--listen=127.0.0.1:7878 | --listen=unix:/path] [--cache_dir=DIR] [flags]\n\n"
+      "Stop it with SIGTERM or SIGINT: it turns NOT_SERVING, lets in-flight calls finish within\n"
+      "--shutdown_grace_period and exits 0.");
+  absl::FlagsUsageConfig usage_config;
+  usage_config.contains_help_flags = IsKilnFlagFile;
+  usage_config.contains_helpshort_flags = IsKilnFlagFile;
+  usage_config.version_string = VersionString;
+  absl::SetFlagsUsageConfig(usage_config);
+  // Abseil 20220623 exits 1 after --help; kilnd answers help itself, on stdout, and exits 0.
+  for (int i = 1; i < argc; ++i) {
+    absl::string_view arg = argv[i];
+    if (arg == "--help" || arg == "-help" || arg == "-h" || arg == "--helpfull") {
+      absl::flags_internal::FlagsHelp(std::cout, arg == "--helpfull" ? "" : "server/",
+                                      absl::flags_internal::HelpFormat::kHumanReadable,
+                                      absl::ProgramUsageMessage());
+      std::cout << "\nMore: --helpfull lists every flag, including Abseil's own; --version.\n";
+      return 0;
+    }
+  }
+  std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
+  if (positional.size() > 1) {
+    Die(kExitUsage, absl::StrCat("unexpected argument '", positional[1],
+                                 "'; kilnd takes only flags (see --help)"));
+  }
+  if (absl::Status s = CheckFlagValues(); !s.ok()) Die(kExitUsage, std::string(s.message()));
+  if (absl::Status s = ConfigureLogging(absl::GetFlag(FLAGS_log_format),
+                                        absl::GetFlag(FLAGS_log_level));
+      !s.ok()) {
+    Die(kExitUsage, std::string(s.message()));
+  }
+
+  absl::StatusOr<ListenAddress> address = ParseListenAddress(absl::GetFlag(FLAGS_listen));
+  if (!address.ok()) Die(kExitUsage, std::string(address.status().message()));
+
+  std::string cache_dir = absl::GetFlag(FLAGS_cache_dir);
+  if (cache_dir.empty()) {
+    absl::StatusOr<std::string> dir = DefaultCacheDir();
+    if (!dir.ok()) Die(kExitEnvironment, std::string(dir.status().message()));
+    cache_dir = *dir;
+  }
+  if (absl::Status s = EnsureWritableDir(cache_dir); !s.ok()) {
+    Die(kExitEnvironment, std::string(s.message()));
+  }
+
+  if (absl::Status s = PrepareListenAddress(*address); !s.ok()) {
+    Die(kExitEnvironment, std::string(s.message()));
+  }
+
+  // Signals are blocked in every thread and taken synchronously below with sigwait.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  ServerStats stats;
+  const int request_threads = absl::GetFlag(FLAGS_request_threads);
+  RequestExecutor executor(request_threads, absl::GetFlag(FLAGS_max_queued_requests));
+  CompilerServiceOptions compiler_options;
+  compiler_options.debug_delay = absl::GetFlag(FLAGS_debug_rpc_delay);
+  CompilerService compiler_service(compiler_options, &executor, &stats);
+  AdminServiceOptions admin_options;
+  admin_options.cache_dir = cache_dir;
+  admin_options.request_threads = request_threads;
+  AdminService admin_service(admin_options, &executor, &stats);
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int selected_port = 0;
+  builder.AddListeningPort(address->grpc_uri, grpc::InsecureServerCredentials(),
+                           address->is_unix ? nullptr : &selected_port);
+  builder.SetMaxReceiveMessageSize(
+      static_cast<int>(absl::GetFlag(FLAGS_max_receive_message_bytes)));
+  builder.SetMaxSendMessageSize(static_cast<int>(absl::GetFlag(FLAGS_max_send_message_bytes)));
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
+                             absl::GetFlag(FLAGS_max_concurrent_streams));
+  // Never share a port with another process: a second kilnd must fail, not split the traffic.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  builder.RegisterService(&compiler_service);
+  builder.RegisterService(&admin_service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || (!address->is_unix && selected_port == 0)) {
+    Die(kExitEnvironment, absl::StrCat("cannot listen on ", address->grpc_uri,
+                                       " (address in use or not available; choose another with "
+                                       "--listen)"));
+  }
+  grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
+  health->SetServingStatus(true);
+  std::string where = address->is_unix ? address->grpc_uri
+                                       : absl::StrCat(address->host, ":", selected_port);
+  spdlog::info("kilnd {} serving on {} (cache dir {}, {} request threads, pid {})", kKilnVersion,
+               where, cache_dir, request_threads, getpid());
+  // A machine-readable line for scripts and tests that start kilnd on port 0.
+  spdlog::info("listening on {}", where);
+
+  int sig = 0;
+  sigwait(&signals, &sig);
+  const absl::Duration grace = absl::GetFlag(FLAGS_shutdown_grace_period);
+  spdlog::info("received {}; NOT_SERVING now, draining in-flight calls for up to {}",
+               strsignal(sig), absl::FormatDuration(grace));
+  health->SetServingStatus(false);
+
+  // A second signal during the drain exits at once.
+  std::thread second_signal([signals] {
+    int again = 0;
+    sigset_t set = signals;
+    sigwait(&set, &again);
+    fprintf(stderr, "kilnd: received %s again; exiting without waiting for calls\n",
+            strsignal(again));
+    _exit(1);
+  });
+  second_signal.detach();
+
+  absl::Time start = absl::Now();
+  server->Shutdown(std::chrono::system_clock::now() + absl::ToChronoSeconds(grace));
+  executor.Stop();
+  server->Wait();
+  spdlog::info("drained in {}; exiting", absl::FormatDuration(absl::Now() - start));
+  spdlog::default_logger()->flush();
+  if (address->is_unix) unlink(address->unix_path.c_str());
+  return 0;
+}
+
+}  // namespace
+}  // namespace kiln
+
+int main(int argc, char** argv) { return kiln::Run(argc, argv); }
