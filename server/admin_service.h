@@ -1,27 +1,20 @@
 #ifndef KILN_SERVER_ADMIN_SERVICE_H_
 #define KILN_SERVER_ADMIN_SERVICE_H_
 
-// The kiln.v1.Admin service used by kilnctl. GetStats reports the server's counters; the cache
-// operations answer UNIMPLEMENTED, saying so, until the artifact cache exists.
+// The kiln.v1.Admin service used by kilnctl: counters, and listing, reading, evicting, purging,
+// verifying, exporting and importing cache entries. Reads for admin never count as hits.
 
 #include <string>
 
 #include "grpcpp/grpcpp.h"
 #include "kiln/v1/admin.grpc.pb.h"
-#include "server/request_executor.h"
-#include "server/server_stats.h"
+#include "server/service_env.h"
 
 namespace kiln {
 
-struct AdminServiceOptions {
-  std::string cache_dir;
-  int request_threads = 0;
-};
-
 class AdminService final : public kiln::v1::Admin::Service {
  public:
-  AdminService(AdminServiceOptions options, const RequestExecutor* executor,
-               const ServerStats* stats);
+  explicit AdminService(const ServiceEnv* env) : env_(env) {}
 
   grpc::Status GetStats(grpc::ServerContext* context, const kiln::v1::GetStatsRequest* request,
                         kiln::v1::Stats* response) override;
@@ -41,9 +34,11 @@ class AdminService final : public kiln::v1::Admin::Service {
                       kiln::v1::ImportResponse*) override;
 
  private:
-  const AdminServiceOptions options_;
-  const RequestExecutor* const executor_;
-  const ServerStats* const stats_;
+  // Checks one imported entry as kilnd checks its own: artifact checksum, and the key recomputed
+  // from the stored request with this server's limits and toolchain.
+  absl::Status VerifyImported(const std::string& key, const std::string& record_bytes);
+
+  const ServiceEnv* const env_;
 };
 
 }  // namespace kiln

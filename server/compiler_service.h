@@ -8,14 +8,14 @@
 // runs on kilnd's RequestExecutor, never on gRPC's callback threads; a full queue answers
 // RESOURCE_EXHAUSTED. Every call honors the client's deadline and cancellation between phases.
 
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
 #include "kiln/v1/compiler.grpc.pb.h"
-#include "server/request_executor.h"
-#include "server/server_stats.h"
+#include "server/service_env.h"
 
 namespace kiln {
 
@@ -30,7 +30,7 @@ using CompilerServiceBase = kiln::v1::Compiler::WithRawCallbackMethod_Compile<
 
 class CompilerService final : public CompilerServiceBase {
  public:
-  CompilerService(CompilerServiceOptions options, RequestExecutor* executor, ServerStats* stats);
+  CompilerService(CompilerServiceOptions options, const ServiceEnv* env);
 
   grpc::ServerUnaryReactor* Compile(grpc::CallbackServerContext* context,
                                     const grpc::ByteBuffer* request,
@@ -44,22 +44,39 @@ class CompilerService final : public CompilerServiceBase {
 
   grpc::ServerUnaryReactor* Start(Method method, grpc::CallbackServerContext* context,
                                   const grpc::ByteBuffer* request, grpc::ByteBuffer* response);
+  // A reply: the response without its artifact, plus the serialized artifact, which is spliced in
+  // as field 3 when the reply is written (no parse and re-serialize of a large artifact per hit).
+  struct Reply {
+    kiln::v1::CompileResponse response;
+    std::string artifact;
+  };
   // Runs on the executor. Parses, checks and answers one call.
-  absl::StatusOr<kiln::v1::CompileResponse> Process(Method method,
+  absl::StatusOr<Reply> Process(Method method,
                                                     grpc::CallbackServerContext* context,
                                                     grpc::ByteBuffer* request);
   // OK, or DEADLINE_EXCEEDED / CANCELLED naming `phase`.
   absl::Status CheckAlive(grpc::CallbackServerContext* context, const char* phase) const;
 
+  // A stored entry's serialized artifact, or nullopt (counted and evicted) when the entry does not
+  // decode. The store verified the entry's SHA-256 on read; artifacts of another format never
+  // reach here because the artifact format version is part of every key.
+  std::optional<std::string> ReadHit(const std::string& key, const std::string& bytes);
+
   const CompilerServiceOptions options_;
-  RequestExecutor* const executor_;
-  ServerStats* const stats_;
+  const ServiceEnv* const env_;
 };
 
 // The outcome name counted in ServerStats for a failed call.
 std::string OutcomeForStatus(const absl::Status& status);
 
 grpc::Status ToGrpcStatus(const absl::Status& status);
+
+// Serializes `response` with `artifact` (a serialized kiln.v1.Artifact) as its field 3.
+std::string SerializeWithArtifact(const kiln::v1::CompileResponse& response,
+                                  const std::string& artifact);
+
+// The answer to a call that arrives while kilnd drains for shutdown.
+grpc::Status DrainingStatus();
 
 }  // namespace kiln
 

@@ -10,6 +10,8 @@
 #include <stdio.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <algorithm>
 #include <chrono>
 #include <iostream>
 #include <cstdint>
@@ -26,6 +28,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
@@ -36,6 +39,12 @@
 #include "server/compiler_service.h"
 #include "server/listen_address.h"
 #include "server/logging.h"
+#include "server/metrics.h"
+#include "server/metrics_http.h"
+#include "server/cache/local_cache.h"
+#include "server/service_env.h"
+#include "server/service_metrics.h"
+#include "server/cache_entry.h"
 #include "server/request_executor.h"
 #include "server/server_stats.h"
 #include "server/version.h"
@@ -63,6 +72,27 @@ ABSL_FLAG(int32_t, max_queued_requests, 1024,
           "Calls waiting for a request thread; past this kilnd answers RESOURCE_EXHAUSTED.");
 ABSL_FLAG(absl::Duration, shutdown_grace_period, absl::Seconds(30),
           "On SIGTERM/SIGINT, how long in-flight calls get to finish before they are cancelled.");
+ABSL_FLAG(int64_t, cache_max_bytes, int64_t{10} << 30,
+          "Bound on the on-disk cache in bytes; least recently used entries are evicted past it.");
+ABSL_FLAG(int64_t, memory_cache_max_bytes, int64_t{256} << 20,
+          "Bound on the in-memory cache tier in bytes (0: no memory tier).");
+ABSL_FLAG(int32_t, compile_workers, 4, "Compiles running at once.");
+ABSL_FLAG(int32_t, max_queued_compiles, 256,
+          "Distinct compiles waiting for a worker; past this Compile answers RESOURCE_EXHAUSTED "
+          "with a retry hint.");
+ABSL_FLAG(absl::Duration, negative_cache_ttl, absl::Seconds(30),
+          "How long a failed compile is remembered, so that the same bad graph from many ranks "
+          "is compiled once (0: off).");
+ABSL_FLAG(int64_t, max_graph_nodes, 200000, "Largest graph accepted, in nodes.");
+ABSL_FLAG(int32_t, max_tensor_rank, 16, "Largest tensor rank accepted.");
+ABSL_FLAG(int64_t, max_constant_bytes, int64_t{256} << 20,
+          "Largest total size of a graph's tensor constants, in bytes.");
+ABSL_FLAG(std::string, metrics_listen, "",
+          "Serve Prometheus metrics (GET /metrics) and GET /healthz over HTTP at host:port. "
+          "Empty: off.");
+ABSL_FLAG(absl::Duration, idle_exit_after, absl::ZeroDuration(),
+          "Exit (as on SIGTERM) after this long with no Compile/Lookup/Admin call. 0: never. The "
+          "embedded server that the Python client starts uses this.");
 ABSL_FLAG(absl::Duration, debug_rpc_delay, absl::ZeroDuration(),
           "Fault injection for tests: every Compile/Lookup waits this long before it is "
           "processed. Leave at 0 in production.");
@@ -99,8 +129,29 @@ absl::Status CheckFlagValues() {
   if (absl::GetFlag(FLAGS_request_threads) < 1 || absl::GetFlag(FLAGS_request_threads) > 1024) {
     return absl::InvalidArgumentError("--request_threads must be in 1..1024");
   }
+  if (absl::GetFlag(FLAGS_cache_max_bytes) < (1 << 20)) {
+    return absl::InvalidArgumentError("--cache_max_bytes must be at least 1 MiB");
+  }
+  if (absl::GetFlag(FLAGS_memory_cache_max_bytes) < 0) {
+    return absl::InvalidArgumentError("--memory_cache_max_bytes must not be negative");
+  }
+  if (absl::GetFlag(FLAGS_compile_workers) < 1 || absl::GetFlag(FLAGS_compile_workers) > 256) {
+    return absl::InvalidArgumentError("--compile_workers must be in 1..256");
+  }
+  if (absl::GetFlag(FLAGS_max_queued_compiles) < 1) {
+    return absl::InvalidArgumentError("--max_queued_compiles must be at least 1");
+  }
+  if (absl::GetFlag(FLAGS_max_graph_nodes) < 1 || absl::GetFlag(FLAGS_max_tensor_rank) < 1 ||
+      absl::GetFlag(FLAGS_max_constant_bytes) < 0) {
+    return absl::InvalidArgumentError(
+        "--max_graph_nodes and --max_tensor_rank must be positive, --max_constant_bytes not "
+        "negative");
+  }
   if (absl::GetFlag(FLAGS_max_queued_requests) < 1) {
     return absl::InvalidArgumentError("--max_queued_requests must be at least 1");
+  }
+  if (absl::GetFlag(FLAGS_idle_exit_after) < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--idle_exit_after must not be negative");
   }
   if (absl::GetFlag(FLAGS_shutdown_grace_period) < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("--shutdown_grace_period must not be negative");
@@ -170,16 +221,43 @@ int Run(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
+  cache::LocalCacheOptions cache_options;
+  cache_options.dir = cache_dir + "/artifacts";
+  cache_options.disk_max_bytes = absl::GetFlag(FLAGS_cache_max_bytes);
+  cache_options.memory_max_bytes = absl::GetFlag(FLAGS_memory_cache_max_bytes);
+  absl::StatusOr<std::unique_ptr<cache::TieredCache>> tiers = cache::OpenLocalCache(cache_options);
+  if (!tiers.ok()) Die(kExitEnvironment, std::string(tiers.status().message()));
+
   ServerStats stats;
   const int request_threads = absl::GetFlag(FLAGS_request_threads);
   RequestExecutor executor(request_threads, absl::GetFlag(FLAGS_max_queued_requests));
+  cache::CompileSchedulerOptions scheduler_options;
+  scheduler_options.workers = absl::GetFlag(FLAGS_compile_workers);
+  scheduler_options.max_queued = absl::GetFlag(FLAGS_max_queued_compiles);
+  scheduler_options.negative_ttl = absl::GetFlag(FLAGS_negative_cache_ttl);
+  cache::CompileScheduler scheduler(scheduler_options);
+  LatencyHistogram compile_latency;
+
+  ServiceEnv env;
+  env.stats = &stats;
+  env.executor = &executor;
+  env.cache = tiers->get();
+  env.scheduler = &scheduler;
+  env.compile_latency = &compile_latency;
+  env.limits.max_nodes = absl::GetFlag(FLAGS_max_graph_nodes);
+  env.limits.max_rank = absl::GetFlag(FLAGS_max_tensor_rank);
+  env.limits.max_constant_bytes = absl::GetFlag(FLAGS_max_constant_bytes);
+  env.identity.components["kiln"] = kKilnVersion;
+  // Artifacts of another format must never hit: the format is part of every key.
+  env.identity.components["artifact_format"] = std::to_string(kArtifactFormatVersion);
+  env.cache_dir = cache_dir;
+  env.cache_max_bytes = cache_options.disk_max_bytes;
+  env.max_entry_bytes = absl::GetFlag(FLAGS_max_send_message_bytes);
+
   CompilerServiceOptions compiler_options;
   compiler_options.debug_delay = absl::GetFlag(FLAGS_debug_rpc_delay);
-  CompilerService compiler_service(compiler_options, &executor, &stats);
-  AdminServiceOptions admin_options;
-  admin_options.cache_dir = cache_dir;
-  admin_options.request_threads = request_threads;
-  AdminService admin_service(admin_options, &executor, &stats);
+  CompilerService compiler_service(compiler_options, &env);
+  AdminService admin_service(&env);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -204,19 +282,50 @@ int Run(int argc, char** argv) {
   }
   grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
   health->SetServingStatus(true);
+  std::atomic<bool> serving{true};
+
+  MetricsHttpServer metrics_http([&env] { return RenderServiceMetrics(env); },
+                                 [&serving] { return serving.load(); });
+  if (std::string metrics_listen = absl::GetFlag(FLAGS_metrics_listen); !metrics_listen.empty()) {
+    if (absl::Status s = metrics_http.Start(metrics_listen); !s.ok()) {
+      server->Shutdown(std::chrono::system_clock::now());
+      Die(kExitEnvironment, std::string(s.message()));
+    }
+    spdlog::info("metrics on http://{}/metrics", metrics_listen);
+  }
   std::string where = address->is_unix ? address->grpc_uri
                                        : absl::StrCat(address->host, ":", selected_port);
-  spdlog::info("kilnd {} serving on {} (cache dir {}, {} request threads, pid {})", kKilnVersion,
-               where, cache_dir, request_threads, getpid());
+  spdlog::info("kilnd {} serving on {} (cache dir {}, {} entries, {} request threads, pid {})",
+               kKilnVersion, where, cache_dir,
+               env.cache->store(cache::Tier::kDisk)->Stats().entries, request_threads, getpid());
   // A machine-readable line for scripts and tests that start kilnd on port 0.
   spdlog::info("listening on {}", where);
 
+  // --idle_exit_after: a watcher that signals this process, so idle exit takes the drain path.
+  const absl::Duration idle_limit = absl::GetFlag(FLAGS_idle_exit_after);
+  absl::Notification stop_idle_watch;
+  std::thread idle_watch([&] {
+    if (idle_limit <= absl::ZeroDuration()) return;
+    while (!stop_idle_watch.WaitForNotificationWithTimeout(
+        std::min(idle_limit / 4, absl::Seconds(5)))) {
+      if (stats.IdleFor() >= idle_limit) {
+        spdlog::info("idle for {}; exiting (--idle_exit_after)", absl::FormatDuration(idle_limit));
+        kill(getpid(), SIGTERM);
+        return;
+      }
+    }
+  });
+
   int sig = 0;
   sigwait(&signals, &sig);
+  stop_idle_watch.Notify();
+  idle_watch.join();
   const absl::Duration grace = absl::GetFlag(FLAGS_shutdown_grace_period);
   spdlog::info("received {}; NOT_SERVING now, draining in-flight calls for up to {}",
                strsignal(sig), absl::FormatDuration(grace));
+  stats.StartDraining();  // before NOT_SERVING: whoever sees NOT_SERVING finds calls refused
   health->SetServingStatus(false);
+  serving = false;
 
   // A second signal during the drain exits at once.
   std::thread second_signal([signals] {
@@ -233,6 +342,7 @@ int Run(int argc, char** argv) {
   server->Shutdown(std::chrono::system_clock::now() + absl::ToChronoSeconds(grace));
   executor.Stop();
   server->Wait();
+  metrics_http.Stop();
   spdlog::info("drained in {}; exiting", absl::FormatDuration(absl::Now() - start));
   spdlog::default_logger()->flush();
   if (address->is_unix) unlink(address->unix_path.c_str());

@@ -346,3 +346,32 @@ TEST(KilndTest, JsonLogsAreOneObjectPerLine) {
 
 }  // namespace
 }  // namespace kiln
+
+namespace kiln {
+namespace {
+
+TEST(KilndTest, IdleExitAfterWaitsForTheLastCall) {
+  auto kilnd = StartOrDie({"--idle_exit_after=1500ms"});
+  ASSERT_NE(kilnd, nullptr);
+  // Keep it busy for a while: calls every 500 ms keep it alive past its idle limit.
+  absl::Time start = absl::Now();
+  for (int i = 0; i < 5; ++i) {
+    auto admin = kiln::v1::Admin::NewStub(kilnd->Channel());
+    grpc::ClientContext context;
+    kiln::v1::Stats stats;
+    ASSERT_TRUE(admin->GetStats(&context, kiln::v1::GetStatsRequest(), &stats).ok()) << i;
+    absl::SleepFor(absl::Milliseconds(500));
+  }
+  absl::Time last_call = absl::Now();
+  EXPECT_GT(last_call - start, absl::Milliseconds(2400));
+  auto result = kilnd->Wait(absl::Seconds(20));
+  ASSERT_TRUE(result.ok()) << result.status();
+  absl::Duration after_last = absl::Now() - last_call;
+  EXPECT_EQ(result->exit_code, 0) << result->stderr_text;
+  EXPECT_GE(after_last, absl::Milliseconds(900));  // ~1.5 s after the last call, minus our sleep
+  EXPECT_LT(after_last, absl::Seconds(10));
+  EXPECT_THAT(result->stderr_text, HasSubstr("--idle_exit_after"));
+}
+
+}  // namespace
+}  // namespace kiln

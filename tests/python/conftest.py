@@ -1,67 +1,7 @@
-"""Fixtures for the cross-component Python suites: a real kilnd process per test or module."""
-import os
-import pathlib
-import signal
-import subprocess
-import tempfile
-import time
-
-import grpc
+"""Fixtures for the cross-component Python suites."""
 import pytest
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
-
-
-def kilnd_path() -> str:
-    path = os.environ.get("KILND") or str(REPO / "bazel-bin" / "server" / "kilnd")
-    if not os.access(path, os.X_OK):
-        pytest.fail(f"kilnd binary not found at {path}: run `bazel build //server:kilnd` or set KILND")
-    return path
-
-
-def health_status(address: str, timeout: float = 2.0) -> int:
-    with grpc.insecure_channel(address) as channel:
-        reply = channel.unary_unary("/grpc.health.v1.Health/Check")(b"", timeout=timeout)
-    return reply[1] if len(reply) == 2 else 0
-
-
-class Kilnd:
-    """A kilnd child process listening on a unix socket in a fresh temp dir."""
-
-    def __init__(self, *flags: str, cache_dir: str = None):
-        # Short paths: unix socket paths are limited to 108 bytes.
-        self.dir = tempfile.mkdtemp(prefix="kiln-py-")
-        self.cache_dir = cache_dir or os.path.join(self.dir, "cache")
-        self.address = f"unix:{self.dir}/kilnd.sock"
-        self.log_path = os.path.join(self.dir, "kilnd.log")
-        self._log = open(self.log_path, "w")
-        self.proc = subprocess.Popen(
-            [kilnd_path(), f"--listen={self.address}", f"--cache_dir={self.cache_dir}", *flags],
-            stdout=self._log, stderr=self._log)
-        deadline = time.time() + 20
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"kilnd exited during startup:\n{self.log()}")
-            try:
-                if health_status(self.address) == 1:
-                    return
-            except grpc.RpcError:
-                time.sleep(0.02)
-        raise RuntimeError(f"kilnd did not become SERVING within 20 s:\n{self.log()}")
-
-    def log(self) -> str:
-        return pathlib.Path(self.log_path).read_text()
-
-    def stop(self, timeout: float = 30) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._log.close()
-        return self.proc.returncode
+from kilnd_server import Kilnd
 
 
 @pytest.fixture

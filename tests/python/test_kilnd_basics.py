@@ -1,7 +1,7 @@
 """kilnd seen from a Python gRPC client, as the torch.compile backend will see it."""
 import grpc
 
-from conftest import Kilnd, health_status
+from kilnd_server import Kilnd, health_status
 
 
 def test_serving_then_clean_exit_on_sigterm(kilnd):
