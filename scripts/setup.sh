@@ -14,7 +14,7 @@ KILN_APT_PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libspdlog-dev libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev
   libcpp-httplib-dev libhiredis-dev redis-server libssl-dev libzstd-dev libxxhash-dev
-  python3-venv patchelf
+  python3-venv patchelf libomp-14-dev
 )
 
 kiln_setup_apt() {

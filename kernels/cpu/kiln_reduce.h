@@ -1,0 +1,166 @@
+#ifndef KILN_KERNELS_CPU_KILN_REDUCE_H_
+#define KILN_KERNELS_CPU_KILN_REDUCE_H_
+
+// Accumulators of generated CPU row kernels (see server/kernel/kernel_ir.h, AccKind): argmax and
+// argmin with torch's rules (NaN is the extreme, the first index of the extreme wins), Welford
+// (mean, M2, count), and online softmax (max, sum of exp(x - max)). Each starts at its identity
+// when default-constructed. Embedded into every generated translation unit.
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "kernels/cpu/kiln_math.h"
+
+namespace kiln_cpu {
+
+template <typename T>
+struct ArgMax {
+  T value = lowest<T>();
+  int64_t index = -1;
+  void Update(T x, int64_t i) {
+    if (index < 0 || (!(value != value) && (x != x || x > value))) {
+      value = x;
+      index = i;
+    }
+  }
+};
+
+template <typename T>
+struct ArgMin {
+  T value = highest<T>();
+  int64_t index = -1;
+  void Update(T x, int64_t i) {
+    if (index < 0 || (!(value != value) && (x != x || x < value))) {
+      value = x;
+      index = i;
+    }
+  }
+};
+
+template <typename T>
+struct Welford {
+  T mean = 0;
+  T m2 = 0;
+  T count = 0;
+  void Update(T x) {
+    count += T(1);
+    const T delta = x - mean;
+    mean += delta / count;
+    m2 += delta * (x - mean);
+  }
+  // Chan et al.'s parallel combination with another partial result.
+  void Combine(T n, T mean_b, T m2_b) {
+    if (n == 0) return;
+    const T total = count + n;
+    const T delta = mean_b - mean;
+    mean += delta * (n / total);
+    m2 += m2_b + delta * delta * (count * n / total);
+    count = total;
+  }
+};
+
+template <typename T>
+struct OnlineSoftmax {
+  T max = -std::numeric_limits<T>::infinity();
+  T sum = 0;
+  void Update(T x) {
+    if (x > max) {
+      sum = sum * kiln_cpu::exp(max - x) + T(1);
+      max = x;
+    } else if (x <= max) {
+      // While max is -inf, x is -inf too: its term is exp(-inf - final max), 0 for a finite
+      // final max; a row of only -inf keeps sum 0, and exp(x - max) later gives NaN as in torch.
+      if (max != -std::numeric_limits<T>::infinity()) sum += kiln_cpu::exp(x - max);
+    } else {  // x or max is NaN
+      max = x != x ? x : max;
+      sum = std::numeric_limits<T>::quiet_NaN();
+    }
+  }
+  // Combines another partial (max, sum) pair.
+  void Combine(T max_b, T sum_b) {
+    const T m = maximum(max, max_b);
+    if (m != m) {
+      max = m;
+      sum = std::numeric_limits<T>::quiet_NaN();
+      return;
+    }
+    if (m == -std::numeric_limits<T>::infinity()) {  // both partials saw only -inf (or nothing)
+      sum += sum_b;
+      return;
+    }
+    sum = sum * kiln_cpu::exp(max - m) + sum_b * kiln_cpu::exp(max_b - m);
+    max = m;
+  }
+};
+
+// L independent partial accumulators ("lanes") for the contiguous part of a reduction loop, with
+// branch-free updates that compilers vectorize across lanes; combined into the scalar accumulator
+// at the end of the phase (in lane order). Lane l sees elements l, l + L, l + 2L, ...
+template <typename T, int L>
+struct WelfordLanes {
+  T mean[L] = {};
+  T m2[L] = {};
+  T count[L] = {};
+  void Update(int l, T x) {
+    count[l] += T(1);
+    const T delta = x - mean[l];
+    mean[l] += delta / count[l];
+    m2[l] += delta * (x - mean[l]);
+  }
+  void CombineInto(Welford<T>& acc) const {
+    for (int l = 0; l < L; ++l) acc.Combine(count[l], mean[l], m2[l]);
+  }
+};
+
+template <typename T, int L>
+struct OnlineSoftmaxLanes {
+  T max[L];
+  T sum[L] = {};
+  OnlineSoftmaxLanes() {
+    for (int l = 0; l < L; ++l) max[l] = -std::numeric_limits<T>::infinity();
+  }
+  // One exp per element: d = exp(-|x - max|) rescales the old sum when x is a new maximum and
+  // is x's own term otherwise. NaN in x or max gives NaN (x > NaN is false and d is NaN); an x
+  // of -inf adds nothing; -inf - -inf and inf - inf are NaN as in torch.
+  void Update(int l, T x) {
+    const T m = max[l];
+    const bool gt = x > m;
+    const T diff = x - m;
+    T d = kiln_cpu::exp(gt ? -diff : diff);
+    d = x == -std::numeric_limits<T>::infinity() ? T(0) : d;
+    sum[l] = gt ? sum[l] * d + T(1) : sum[l] + d;
+    max[l] = (gt || x != x) ? x : m;
+  }
+  void CombineInto(OnlineSoftmax<T>& acc) const {
+    for (int l = 0; l < L; ++l) acc.Combine(max[l], sum[l]);
+  }
+};
+
+template <typename T, int L>
+struct MaxLanes {
+  T value[L];
+  MaxLanes() {
+    for (int l = 0; l < L; ++l) value[l] = lowest<T>();
+  }
+  void Update(int l, T x) { value[l] = maximum(value[l], x); }
+  void CombineInto(T& acc) const {
+    for (int l = 0; l < L; ++l) acc = maximum(acc, value[l]);
+  }
+};
+
+template <typename T, int L>
+struct MinLanes {
+  T value[L];
+  MinLanes() {
+    for (int l = 0; l < L; ++l) value[l] = highest<T>();
+  }
+  void Update(int l, T x) { value[l] = minimum(value[l], x); }
+  void CombineInto(T& acc) const {
+    for (int l = 0; l < L; ++l) acc = minimum(acc, value[l]);
+  }
+};
+
+}  // namespace kiln_cpu
+
+#endif  // KILN_KERNELS_CPU_KILN_REDUCE_H_

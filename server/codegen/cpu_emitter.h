@@ -1,0 +1,115 @@
+#ifndef KILN_SERVER_CODEGEN_CPU_EMITTER_H_
+#define KILN_SERVER_CODEGEN_CPU_EMITTER_H_
+
+// The CPU C++ emitter: a list of verified Kernels (one graph) -> one self-contained C++17
+// translation unit, compiled by server/toolchain with g++/clang++ -O3 -fopenmp -fwrapv.
+//
+// Calling convention of every generated kernel (kernels[i] -> symbol "kiln_kernel_<i>"):
+//     extern "C" void kiln_kernel_<i>(void* const* buffers, const int64_t* scalars);
+//   buffers[j] is the element pointer of the kernel's buffer b<j> (already offset by the tensor's
+//   storage offset; f16/bf16 as 16-bit patterns, bool as one byte 0/1); scalars[j] is n<j>. A kernel
+//   with no buffers or scalars may be given null for that array. Kernels return nothing and cannot
+//   fail; they may use OpenMP threads internally and return when all their work is done.
+//
+// Guarantees: the source depends only on the kernels' structure and the options, never on
+// Kernel::debug_name or any other string from the graph (all names are generated: b<j>, n<j>,
+// o<k>, r<k>, acc<k>, v<k>, z<k>); constants are exact (hex floats, inf/nan via helpers); the
+// helper headers of kernels/cpu are embedded at the top. Fails with the verifier's error for a
+// kernel that does not verify.
+//
+// Loop structure (see EmitKernel): pointwise kernels flatten all outer dims but the innermost,
+// split the innermost into blocks of `block` elements, and run the (row, block) units under
+// `#pragma omp parallel for` when the total work reaches `parallel_threshold`; the innermost loop
+// has unit stride whenever the IR's strides allow, so g++ -O3 vectorizes it. Row kernels run one
+// outer point per unit with the phases as loops inside: sum/prod phases under `omp simd
+// reduction`, Welford/online-softmax/max/min phases in `reduction_lanes` lanes (kiln_reduce.h)
+// plus a scalar tail. A 32-bit index type is used when every size is a constant that fits.
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "server/codegen/code_writer.h"
+#include "server/kernel/kernel_ir.h"
+
+namespace kiln::codegen {
+
+struct CpuEmitOptions {
+  int64_t parallel_threshold = 32768;  // elements of work below which a kernel stays on one thread
+  int64_t block = 4096;                // innermost block of the flattened pointwise loop
+  bool include_prelude = true;         // false only in tests that look at kernels alone
+  // Phases that fold only Welford / online-softmax / max / min accumulators run the contiguous
+  // part of their innermost loop in this many independent lanes (vectorized), then combine; 0 or
+  // 1 disables.
+  int reduction_lanes = 16;
+};
+
+struct CpuSource {
+  std::string source;                        // the whole translation unit
+  std::vector<std::string> symbols;          // symbols[i] names kernels[i]
+  std::vector<std::string> kernel_sources;   // each kernel's function alone (dumps, golden tests)
+};
+
+std::string CpuKernelSymbol(int index);  // "kiln_kernel_<index>"
+
+absl::StatusOr<CpuSource> EmitCpuSource(absl::Span<const kernel::Kernel> kernels,
+                                        const CpuEmitOptions& options = CpuEmitOptions());
+
+// Emits one kernel as a C++ function. A CUDA emitter is meant to subclass this: it overrides the
+// signature and loop structure (EmitFunction) and the type/math spellings, and shares expression
+// emission, common-subexpression scopes and constants.
+class CpuKernelEmitter {
+ public:
+  CpuKernelEmitter(const kernel::Kernel& kernel, int index, const CpuEmitOptions& options);
+  virtual ~CpuKernelEmitter() = default;
+
+  absl::StatusOr<std::string> Emit();
+
+ protected:
+  virtual void EmitFunction();
+  virtual std::string ValueType(kernel::ScalarType t) const;
+  virtual std::string StorageType(kernel::ScalarType t) const;
+  virtual std::string ConstCode(const kernel::ExprNode& e) const;
+  virtual std::string UnaryCode(kernel::UnaryOp op, kernel::ScalarType t, const std::string& x) const;
+  virtual std::string BinaryCode(kernel::BinaryOp op, kernel::ScalarType t, const std::string& a,
+                                 const std::string& b) const;
+  virtual std::string CastCode(kernel::ScalarType from, kernel::ScalarType to,
+                               const std::string& x) const;
+
+  // Expressions: a C++ expression for `e`, usually the name of a `const T v<k>` emitted into the
+  // current scope (shared subexpressions are emitted once per scope).
+  std::string ExprCode(const kernel::Expr& e);
+  std::string IndexCode(const kernel::Index& index);
+  std::string SizeCode(const kernel::Size& s);  // a literal or a hoisted z<k>
+  std::string LoadCode(const kernel::Buffer& b, const std::string& index) const;
+  void EmitStmt(const kernel::Stmt& s);
+  void EmitLanePhase(size_t p);
+  void PushScope() { scopes_.emplace_back(); }
+  void PopScope() { scopes_.pop_back(); }
+
+  void EmitPointwiseLoops();
+  void EmitRowLoops();
+  void EmitPhase(size_t p);
+  void EmitDecompose(const std::string& unit, int num_dims);
+  std::string ParallelPragma(const kernel::Size& work);
+
+  const kernel::Kernel& k_;
+  const int index_;
+  const CpuEmitOptions options_;
+  bool idx32_ = false;
+  CodeWriter hoisted_{1};  // z<k> declarations at the top of the function
+  CodeWriter w_{1};        // the function body after the declarations
+  std::string result_;     // the whole function, set by EmitFunction
+  bool lane_mode_ = false;  // Accumulate statements update the lanes (acc<k>_l)
+  int next_size_ = 0;
+  int next_value_ = 0;
+  std::map<std::string, std::string> sizes_;  // Size text -> hoisted name
+  std::vector<std::map<const kernel::ExprNode*, std::string>> scopes_;
+};
+
+}  // namespace kiln::codegen
+
+#endif  // KILN_SERVER_CODEGEN_CPU_EMITTER_H_

@@ -1,0 +1,231 @@
+#include "server/toolchain/compiler.h"
+
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "server/kernel/status_macros.h"
+#include "server/toolchain/subprocess.h"
+
+namespace kiln::toolchain {
+namespace {
+
+absl::StatusOr<std::string> ReadFile(const std::string& path, size_t limit) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::InternalError(absl::StrCat("cannot read ", path));
+  std::string data;
+  char buf[65536];
+  while (in.read(buf, sizeof(buf)) || in.gcount() > 0) {
+    data.append(buf, static_cast<size_t>(in.gcount()));
+    if (data.size() > limit) break;
+  }
+  return data;
+}
+
+std::string Truncate(std::string log, size_t limit) {
+  if (log.size() <= limit) return log;
+  log.resize(limit);
+  log += "\n[log truncated]\n";
+  return log;
+}
+
+// A private directory removed (with everything in it) when this goes out of scope.
+class TempDir {
+ public:
+  static absl::StatusOr<TempDir> Make(const std::string& root_option) {
+    std::string root = root_option;
+    if (root.empty()) {
+      const char* env = std::getenv("TMPDIR");
+      root = env != nullptr && env[0] != '\0' ? env : "/tmp";
+    }
+    std::string templ = absl::StrCat(root, "/kiln-cc-XXXXXX");
+    if (mkdtemp(templ.data()) == nullptr) {
+      return absl::InternalError(absl::StrCat("cannot create a temp dir under ", root));
+    }
+    return TempDir(templ);
+  }
+  TempDir(TempDir&& o) noexcept : path_(std::move(o.path_)) { o.path_.clear(); }
+  ~TempDir() {
+    if (path_.empty()) return;
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  explicit TempDir(std::string p) : path_(std::move(p)) {}
+  std::string path_;
+};
+
+std::vector<std::string> ChildEnv(const std::string& tmpdir) {
+  const char* path = std::getenv("PATH");
+  return {absl::StrCat("PATH=", path != nullptr ? path : "/usr/local/bin:/usr/bin:/bin"),
+          absl::StrCat("TMPDIR=", tmpdir), "LC_ALL=C", "LANG=C"};
+}
+
+bool LooksOutOfMemory(const std::string& log) {
+  return absl::StrContains(log, "virtual memory exhausted") ||
+         absl::StrContains(log, "out of memory") || absl::StrContains(log, "std::bad_alloc") ||
+         absl::StrContains(log, "Cannot allocate memory") ||
+         absl::StrContains(log, "cannot allocate");
+}
+
+}  // namespace
+
+absl::Status ValidateMarch(absl::string_view march) {
+  if (march == "native") {
+    return absl::InvalidArgumentError(
+        "cpu_isa \"native\" is refused: it would make the compiled code machine-dependent");
+  }
+  if (march.size() > 64) return absl::InvalidArgumentError("cpu_isa too long");
+  for (char c : march) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '.' || c == '+' ||
+                    c == '-';
+    if (!ok) {
+      return absl::InvalidArgumentError(
+          "cpu_isa must be a plain -march value: lowercase letters, digits, '.', '+', '-'");
+    }
+  }
+  if (!march.empty() && march[0] == '-') {
+    return absl::InvalidArgumentError("cpu_isa must not start with '-'");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<std::string>> CompileFlags(const CompileOptions& options) {
+  KILN_RETURN_IF_ERROR(ValidateMarch(options.march));
+  // clang needs libomp for -fopenmp (Debian: libomp-14-dev, not installed by default); without it
+  // clang kernels honor `omp simd` but run on one thread.
+  const bool clang = absl::StrContains(options.compiler, "clang");
+  // -fno-trapping-math: FP exception flags are not observable to torch; without it g++ will
+  // not if-convert (so not vectorize) NaN-aware selects. NaN/inf semantics are unaffected.
+  std::vector<std::string> flags = {"-std=c++17",
+                                    "-O3",
+                                    "-fPIC",
+                                    "-shared",
+                                    clang ? "-fopenmp-simd" : "-fopenmp",
+                                    "-fno-math-errno",
+                                    "-fno-trapping-math",
+                                    "-fwrapv",
+                                    "-fvisibility=hidden"};
+  if (!options.march.empty()) flags.push_back(absl::StrCat("-march=", options.march));
+  return flags;
+}
+
+absl::StatusOr<std::string> CompilerIdentity(const std::string& compiler) {
+  static absl::Mutex mu(absl::kConstInit);
+  static auto* cache = new std::map<std::string, std::string>();
+  {
+    absl::MutexLock lock(&mu);
+    auto it = cache->find(compiler);
+    if (it != cache->end()) return it->second;
+  }
+  KILN_ASSIGN_OR_RETURN(const std::string program, FindProgram(compiler));
+  KILN_ASSIGN_OR_RETURN(TempDir dir, TempDir::Make(""));
+  ProcessOptions po;
+  po.cwd = dir.path();
+  po.output_path = absl::StrCat(dir.path(), "/version.txt");
+  po.env = ChildEnv(dir.path());
+  po.timeout = absl::Seconds(30);
+  KILN_ASSIGN_OR_RETURN(ProcessResult r, RunProcess({program, "--version"}, po));
+  KILN_ASSIGN_OR_RETURN(std::string out, ReadFile(po.output_path, 4096));
+  if (!r.ok()) {
+    return absl::InternalError(absl::StrCat(compiler, " --version failed: ", out));
+  }
+  std::string first = out.substr(0, out.find('\n'));
+  if (first.empty()) return absl::InternalError(absl::StrCat(compiler, " --version printed nothing"));
+  absl::MutexLock lock(&mu);
+  (*cache)[compiler] = first;
+  return first;
+}
+
+absl::StatusOr<CompiledBinary> CompileSharedObject(absl::string_view source,
+                                                   const CompileOptions& options) {
+  KILN_ASSIGN_OR_RETURN(std::vector<std::string> flags, CompileFlags(options));
+  KILN_ASSIGN_OR_RETURN(const std::string program, FindProgram(options.compiler));
+  CompiledBinary out;
+  KILN_ASSIGN_OR_RETURN(out.compiler_id, CompilerIdentity(options.compiler));
+  out.flags = flags;
+
+  absl::Time t0 = absl::Now();
+  KILN_ASSIGN_OR_RETURN(TempDir dir, TempDir::Make(options.temp_root));
+  const std::string src = absl::StrCat(dir.path(), "/kernels.cc");
+  const std::string so = absl::StrCat(dir.path(), "/kernels.so");
+  {
+    std::ofstream f(src, std::ios::binary);
+    f.write(source.data(), static_cast<std::streamsize>(source.size()));
+    if (!f) return absl::InternalError(absl::StrCat("cannot write ", src));
+  }
+  const absl::Time t1 = absl::Now();
+  out.timings.write = t1 - t0;
+
+  std::vector<std::string> argv = {program};
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  argv.insert(argv.end(), {"-o", so, src});
+  ProcessOptions po;
+  po.cwd = dir.path();
+  po.output_path = absl::StrCat(dir.path(), "/compile.log");
+  po.env = ChildEnv(dir.path());
+  po.timeout = options.timeout;
+  po.memory_bytes = options.memory_limit_bytes;
+  KILN_ASSIGN_OR_RETURN(ProcessResult r, RunProcess(argv, po));
+  const absl::Time t2 = absl::Now();
+  out.timings.compile = t2 - t1;
+  absl::StatusOr<std::string> log = ReadFile(po.output_path, options.max_log_bytes + 1);
+  out.log = Truncate(log.ok() ? *log : std::string("[no log]"), options.max_log_bytes);
+
+  const std::string what = absl::StrCat(options.compiler, " (", out.compiler_id, ")");
+  if (r.timed_out) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "compile with ", what, " killed after ", absl::FormatDuration(options.timeout),
+        "\n--- compiler log ---\n", out.log));
+  }
+  if (!r.ok()) {
+    const std::string how = r.term_signal != 0 ? absl::StrCat("killed by signal ", r.term_signal)
+                                               : absl::StrCat("exit code ", r.exit_code);
+    const std::string msg =
+        absl::StrCat("compile with ", what, " failed (", how, ")\n--- compiler log ---\n", out.log);
+    if (options.memory_limit_bytes > 0 && LooksOutOfMemory(out.log)) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "memory limit of ", options.memory_limit_bytes, " bytes reached; ", msg));
+    }
+    return absl::InternalError(msg);
+  }
+  KILN_ASSIGN_OR_RETURN(out.bytes, ReadFile(so, size_t{1} << 31));
+  out.timings.read = absl::Now() - t2;
+  return out;
+}
+
+CompilePool::CompilePool(int max_concurrent) : max_concurrent_(std::max(1, max_concurrent)) {}
+
+int CompilePool::in_flight() const {
+  absl::MutexLock lock(&mu_);
+  return in_flight_;
+}
+
+absl::StatusOr<CompiledBinary> CompilePool::Compile(absl::string_view source,
+                                                    const CompileOptions& options) {
+  {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(
+        +[](CompilePool* p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu_) {
+          return p->in_flight_ < p->max_concurrent_;
+        },
+        this));
+    ++in_flight_;
+  }
+  absl::StatusOr<CompiledBinary> result = CompileSharedObject(source, options);
+  absl::MutexLock lock(&mu_);
+  --in_flight_;
+  return result;
+}
+
+}  // namespace kiln::toolchain

@@ -1,0 +1,155 @@
+#include "server/toolchain/compiler.h"
+
+#include <dirent.h>
+#include <stdlib.h>
+
+#include <iostream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "server/toolchain/subprocess.h"
+
+namespace kiln::toolchain {
+namespace {
+
+constexpr char kTiny[] = "extern \"C\" int kiln_answer() { return 42; }\n";
+
+// A private temp root per test, so that the test can check nothing is left behind.
+class CompilerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const char* t = std::getenv("TEST_TMPDIR");
+    std::string templ = absl::StrCat(t != nullptr ? t : "/tmp", "/root-XXXXXX");
+    ASSERT_NE(mkdtemp(templ.data()), nullptr);
+    root_ = templ;
+    options_.temp_root = root_;
+  }
+  int EntriesInRoot() const {
+    DIR* d = opendir(root_.c_str());
+    int n = 0;
+    while (dirent* e = readdir(d)) {
+      if (std::string(e->d_name) != "." && std::string(e->d_name) != "..") ++n;
+    }
+    closedir(d);
+    return n;
+  }
+  std::string root_;
+  CompileOptions options_;
+};
+
+TEST(MarchTest, AcceptsPlainTokensOnly) {
+  EXPECT_TRUE(ValidateMarch("x86-64-v3").ok());
+  EXPECT_TRUE(ValidateMarch("armv8.2-a+fp16").ok());
+  EXPECT_TRUE(ValidateMarch("").ok());
+  EXPECT_EQ(ValidateMarch("native").code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ValidateMarch("x86-64 -o /etc/passwd").code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ValidateMarch("-fplugin=evil.so").code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ValidateMarch("X86").code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ValidateMarch("a;b").code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(SubprocessTest, FindsProgramsAndRefusesUnknown) {
+  EXPECT_TRUE(FindProgram("g++").ok());
+  EXPECT_EQ(FindProgram("kiln-no-such-compiler").status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(CompilerTest, IdentityIsTheFirstVersionLine) {
+  absl::StatusOr<std::string> id = CompilerIdentity("g++");
+  ASSERT_TRUE(id.ok()) << id.status();
+  EXPECT_TRUE(absl::StartsWith(*id, "g++")) << *id;
+  EXPECT_EQ(id->find('\n'), std::string::npos);
+}
+
+TEST_F(CompilerTest, CompilesToAnElfSharedObjectAndCleansUp) {
+  options_.march = "x86-64-v2";
+  absl::StatusOr<CompiledBinary> b = CompileSharedObject(kTiny, options_);
+  ASSERT_TRUE(b.ok()) << b.status();
+  ASSERT_GT(b->bytes.size(), 4u);
+  EXPECT_EQ(b->bytes.substr(0, 4), "\x7f" "ELF");
+  EXPECT_TRUE(absl::StartsWith(b->compiler_id, "g++"));
+  EXPECT_NE(std::find(b->flags.begin(), b->flags.end(), "-march=x86-64-v2"), b->flags.end());
+  EXPECT_EQ(std::find(b->flags.begin(), b->flags.end(), "-ffast-math"), b->flags.end());
+  EXPECT_GT(b->timings.compile, absl::ZeroDuration());
+  EXPECT_EQ(EntriesInRoot(), 0);
+}
+
+TEST_F(CompilerTest, ClangCompilesToo) {
+  if (!FindProgram("clang++-14").ok()) GTEST_SKIP() << "clang++-14 not installed";
+  options_.compiler = "clang++-14";
+  absl::StatusOr<CompiledBinary> b = CompileSharedObject(kTiny, options_);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(b->bytes.substr(0, 4), "\x7f" "ELF");
+  EXPECT_TRUE(absl::StrContains(b->compiler_id, "clang")) << b->compiler_id;
+}
+
+TEST_F(CompilerTest, RefusesNativeBeforeRunningAnything) {
+  options_.march = "native";
+  EXPECT_EQ(CompileSharedObject(kTiny, options_).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(CompilerTest, InvalidSourceIsInternalWithTheLog) {
+  absl::StatusOr<CompiledBinary> b =
+      CompileSharedObject("int main( { this is not C++ }\n", options_);
+  ASSERT_EQ(b.status().code(), absl::StatusCode::kInternal);
+  EXPECT_TRUE(absl::StrContains(b.status().message(), "error")) << b.status();
+  EXPECT_TRUE(absl::StrContains(b.status().message(), "compiler log")) << b.status();
+  EXPECT_EQ(EntriesInRoot(), 0);
+}
+
+TEST_F(CompilerTest, LogIsTruncatedToItsBound) {
+  std::string src;
+  for (int i = 0; i < 200; ++i) src += absl::StrCat("int f", i, "() { return undefined_", i, "; }\n");
+  options_.max_log_bytes = 1000;
+  absl::StatusOr<CompiledBinary> b = CompileSharedObject(src, options_);
+  ASSERT_EQ(b.status().code(), absl::StatusCode::kInternal);
+  EXPECT_LT(b.status().message().size(), 1400u);
+  EXPECT_TRUE(absl::StrContains(b.status().message(), "[log truncated]"));
+}
+
+TEST_F(CompilerTest, TimeLimitKillsTheCompile) {
+  // Heavy enough to take well over the budget: many template instantiations.
+  std::string src = "#include <map>\n#include <string>\n#include <vector>\n";
+  src += "template <int N> struct F { static long v() { return F<N - 1>::v() + N; } };\n";
+  src += "template <> struct F<0> { static long v() { return 0; } };\n";
+  src += "extern \"C\" long kiln_f() { return F<800>::v(); }\n";
+  options_.timeout = absl::Milliseconds(30);
+  const absl::Time start = absl::Now();
+  absl::StatusOr<CompiledBinary> b = CompileSharedObject(src, options_);
+  EXPECT_EQ(b.status().code(), absl::StatusCode::kDeadlineExceeded) << b.status();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  EXPECT_EQ(EntriesInRoot(), 0);
+}
+
+TEST_F(CompilerTest, MemoryLimitIsApplied) {
+  options_.memory_limit_bytes = int64_t{48} << 20;
+  absl::StatusOr<CompiledBinary> b =
+      CompileSharedObject("#include <cmath>\n#include <vector>\n" + std::string(kTiny), options_);
+  ASSERT_FALSE(b.ok());
+  EXPECT_EQ(b.status().code(), absl::StatusCode::kResourceExhausted) << b.status();
+  EXPECT_TRUE(absl::StrContains(b.status().message(), "out of memory")) << b.status();
+  EXPECT_EQ(EntriesInRoot(), 0);
+}
+
+TEST_F(CompilerTest, PoolBoundsConcurrentCompiles) {
+  CompilePool pool(2);
+  std::vector<std::thread> threads;
+  std::vector<absl::Status> results(4);
+  for (int i = 0; i < 4; ++i) {
+    threads.emplace_back([&, i] {
+      results[i] = pool.Compile(absl::StrCat(kTiny, "int g", i, ";\n"), options_).status();
+      EXPECT_LE(pool.in_flight(), 2);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (const absl::Status& s : results) EXPECT_TRUE(s.ok()) << s;
+  EXPECT_EQ(pool.in_flight(), 0);
+}
+
+}  // namespace
+}  // namespace kiln::toolchain
