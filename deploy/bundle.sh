@@ -10,15 +10,16 @@ command -v patchelf >/dev/null || {
 out="${1:-$KILN_ROOT/.bundle/kiln}"
 cd "$KILN_ROOT"
 kiln_say "building kilnd and kilnctl"
-kiln_bazel build //server:kilnd //client/kilnctl:kilnctl >/dev/null 2>"$KILN_ROOT/bazel-build.log" || {
+kiln_bazel build //server:kilnd //client/kilnctl:kilnctl //server/toolchain:kiln_nvrtc_worker >/dev/null 2>"$KILN_ROOT/bazel-build.log" || {
   cat "$KILN_ROOT/bazel-build.log" >&2; exit 1; }
 rm -rf "$out"
 mkdir -p "$out"
-cp bazel-bin/server/kilnd bazel-bin/client/kilnctl/kilnctl "$out/"
+cp bazel-bin/server/kilnd bazel-bin/client/kilnctl/kilnctl \
+  bazel-bin/server/toolchain/kiln_nvrtc_worker "$out/"
 chmod u+w "$out"/*
 # glibc's libraries come from the target machine; everything else travels.
 skip='^(linux-vdso|ld-linux|libc|libm|libpthread|libdl|librt|libresolv|libutil)\.so'
-for bin in "$out/kilnd" "$out/kilnctl"; do
+for bin in "$out/kilnd" "$out/kilnctl" "$out/kiln_nvrtc_worker"; do
   ldd "$bin" | awk '/=> \//{print $1, $3}' | while read -r name path; do
     [[ "$name" =~ $skip ]] && continue
     [ -f "$out/$name" ] || cp -L "$path" "$out/$name"

@@ -33,7 +33,10 @@ kiln_setup_apt() {
 
 # Pinned: the CPU wheel of torch 2.13.0 is on disk on the dev/CI machines; any other version
 # downloads gigabytes of CUDA packages.
-KILN_PY_REQUIREMENTS=(torch==2.13.0 "grpcio>=1.51" "protobuf>=3.20" pytest numpy)
+# nvidia-cuda-nvrtc: NVRTC for compiling CUDA kernels on machines without a CUDA toolkit or GPU
+# (13.0, as on the GPU machine).
+KILN_PY_REQUIREMENTS=(torch==2.13.0 "grpcio>=1.51" "protobuf>=3.20" pytest numpy
+  nvidia-cuda-nvrtc==13.0.88)
 
 kiln_setup_venv() {
   local venv="$KILN_ROOT/.venv"
@@ -48,7 +51,7 @@ kiln_setup_venv() {
     kiln_say "creating the Python venv at .venv/"
     python3 -m venv "$venv"
   fi
-  kiln_say "installing Python packages into .venv/ (torch 2.13.0 CPU, grpcio, protobuf, pytest)"
+  kiln_say "installing Python packages into .venv/ (torch 2.13.0 CPU, grpcio, protobuf, pytest, NVRTC)"
   # (The filter drops pip's warnings about this machine's optional local index directories.)
   "$py" -m pip install -q --disable-pip-version-check "${KILN_PY_REQUIREMENTS[@]}" \
     2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
@@ -65,6 +68,11 @@ kiln_bazel() {
   local cache="${XDG_CACHE_HOME:-$HOME/.cache}/kiln-bazel-disk"
   mkdir -p "$cache"
   (cd "$KILN_ROOT" && bazel "$1" --disk_cache="$cache" "${@:2}")
+}
+
+# The NVRTC library in the venv (from the nvidia-cuda-nvrtc wheel), or nothing.
+kiln_nvrtc_library() {
+  ls "$KILN_ROOT"/.venv/lib/python3*/site-packages/nvidia/cu13/lib/libnvrtc.so.13 2>/dev/null | head -1
 }
 
 kiln_setup_all() {

@@ -9,7 +9,10 @@ cd "$KILN_ROOT"
 
 start=$SECONDS
 kiln_say "building and running the C++ tests (bazel test //...)"
-kiln_bazel test //... --test_output=errors
+nvrtc="$(kiln_nvrtc_library)"
+[ -n "$nvrtc" ] || { kiln_say "NVRTC is missing from .venv (nvidia-cuda-nvrtc); CUDA tests need it"; exit 1; }
+kiln_bazel test //... --test_output=errors \
+  --test_env=KILN_NVRTC_PATH="$nvrtc" --test_env=KILN_REQUIRE_NVRTC=1
 kiln_say "C++ tests passed ($((SECONDS - start)) s)"
 
 start=$SECONDS
