@@ -76,10 +76,12 @@ def test_restart_keeps_entries_and_corrupt_entries_are_recompiled(tmp_path):
     cache_dir = str(tmp_path / "cache")
     request = pointwise_request(rows=17)
     server = Kilnd("--memory_cache_max_bytes=0", cache_dir=cache_dir)
-    with KilnClient(server.address) as client:
-        first = compile_or_skip(client, request)
-    assert first.source == proto.CACHE_SOURCE_COMPILED
-    assert server.stop() == 0
+    try:
+        with KilnClient(server.address) as client:
+            first = compile_or_skip(client, request)
+        assert first.source == proto.CACHE_SOURCE_COMPILED
+    finally:
+        assert server.stop() == 0
 
     server = Kilnd("--memory_cache_max_bytes=0", cache_dir=cache_dir)
     try:

@@ -1,14 +1,17 @@
 """kiln: client of kilnd, the out-of-process compiler and shared compile cache for torch.compile.
 
-``import kiln`` does not import torch (kilnctl and health checks run without it); the serializer
-functions import it on first use.
+``torch.compile(model, backend="kiln")`` uses it (registered through the ``torch_dynamo_backends``
+entry point). ``import kiln`` does not import torch (kilnctl and health checks run without it);
+the serializer functions and the backend import it on first use.
 """
 
-from kiln.errors import SerializeError
+from kiln.errors import KilnError, KilnWarning, SerializeError
+from kiln.counters import reset_stats, stats
 
 __version__ = "0.1.0"
 
-__all__ = ["SerializeError", "__version__", "deserialize_graph", "serialize_graph"]
+__all__ = ["KilnError", "KilnWarning", "SerializeError", "__version__", "deserialize_graph",
+           "reset_stats", "serialize_graph", "stats"]
 
 
 def __getattr__(name):  # PEP 562: load the torch-dependent modules lazily

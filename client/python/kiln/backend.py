@@ -1,0 +1,749 @@
+"""The torch.compile backend: ``torch.compile(model, backend="kiln", options={...})``.
+
+Registered through the ``torch_dynamo_backends`` entry point (``kiln = "kiln.backend:kiln_backend"``).
+Dynamo hands each captured frame to ``kiln_backend``, which runs AOTAutograd with the min-cut
+partitioner; every forward, backward and inference graph is serialized and sent to kilnd
+(``Compile``, or ``Lookup`` in cache-only mode). A reply with an artifact gives a plan that
+``kiln.executor`` runs; anything else makes that graph run eagerly with torch, with one warning per
+cause (``KILN_FALLBACK=error`` raises ``kiln.KilnError`` instead). Training never fails because of
+kiln: kiln's own exceptions while preparing a graph are fallbacks too.
+
+Guards: each artifact is specialized to its inputs' metadata (kiln.guards); inputs that do not
+match send a new compile request for that specialization. Dynamo recompiles (new shapes) and these
+re-specializations count toward ``max_graphs_per_function`` per Dynamo frame (default 8, like
+Dynamo's cache_size_limit); past it the function runs eagerly, with a warning.
+See kiln.options for every option and environment variable.
+"""
+
+import hashlib
+import logging
+import os
+import platform
+import socket
+import sys
+import threading
+import time
+import warnings
+
+import grpc
+import torch
+
+from kiln import debug as debug_mod
+from kiln import options as options_mod
+from kiln import proto
+from kiln import server as server_mod
+from kiln import counters as stats_mod
+from kiln.errors import KilnError, KilnWarning
+
+log = logging.getLogger("kiln")
+
+_KIND_NAMES = {proto.GRAPH_KIND_FORWARD: "forward", proto.GRAPH_KIND_BACKWARD: "backward",
+               proto.GRAPH_KIND_INFERENCE: "inference"}
+_TRANSIENT = {"unavailable", "deadline_exceeded", "resource_exhausted", "server_start"}
+_MAX_RETRIES = 5
+
+_STATE_LOCK = threading.Lock()
+_FUNCTION_GRAPHS = {}  # function key -> graphs compiled (Dynamo recompiles + re-specializations)
+_LIMIT_WARNED = set()  # function keys whose cap was announced
+_WARNED = set()  # fallback causes already warned about
+_DOWN_UNTIL = {}  # address -> monotonic time before which it is not tried again
+_EMBEDDED_READY = {}  # cache dir -> address known to be serving
+
+
+def reset():
+    """Forgets per-function graph counts and which warnings were given (torch._dynamo.reset()
+    calls this through the backend's `reset` attribute; tests call it directly)."""
+    with _STATE_LOCK:
+        _FUNCTION_GRAPHS.clear()
+        _LIMIT_WARNED.clear()
+        _WARNED.clear()
+        _DOWN_UNTIL.clear()
+        _EMBEDDED_READY.clear()
+    server_mod.CONNECTIONS.close_all()
+
+
+# -- the backend ------------------------------------------------------------------------------
+
+
+def kiln_backend(gm, example_inputs, options=None, mode=None, **unused):
+    """The Dynamo backend. options: see kiln.options (they override the KILN_* environment)."""
+    opts = options_mod.resolve(options)
+    fn = _FunctionInfo(gm)
+    if not fn.admit(opts):
+        return _eager_dynamo_graph(gm, fn, opts)
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+    session = _Session(opts, fn)
+    aot = aot_autograd(fw_compiler=session.compiler(proto.GRAPH_KIND_FORWARD),
+                       bw_compiler=session.compiler(proto.GRAPH_KIND_BACKWARD),
+                       inference_compiler=session.compiler(proto.GRAPH_KIND_INFERENCE),
+                       partition_fn=min_cut_rematerialization_partition)
+    try:
+        return aot(gm, example_inputs)
+    except Exception as e:
+        if _is_dynamo_control_flow(e) or isinstance(e, KilnError) or opts.fallback == "error":
+            raise
+        stats_mod.graph_fallback("aot_failed")
+        _fallback(opts, "aot_failed", f"{fn.name} runs eagerly: AOTAutograd failed on it "
+                  f"({type(e).__name__}: {_short(e)}). Nothing to do; report it if it persists.")
+        return gm.forward
+
+
+kiln_backend.reset = reset
+
+
+def _is_dynamo_control_flow(e):
+    from torch._dynamo import exc
+
+    restart = getattr(exc, "RestartAnalysis", None)
+    return restart is not None and isinstance(e, restart)
+
+
+def _eager_dynamo_graph(gm, fn, opts):
+    stats_mod.graph_fallback("graph_limit")
+    message = (f"{fn.name} has had {opts.max_graphs_per_function} graphs compiled "
+               f"(max_graphs_per_function={opts.max_graphs_per_function}); this new specialization "
+               "runs eagerly. Mark the changing dimensions dynamic (torch._dynamo.mark_dynamic) or "
+               "raise the limit with options={'max_graphs_per_function': N}.")
+    if opts.fallback == "error":
+        raise KilnError(message)
+    with _STATE_LOCK:
+        first = fn.key not in _LIMIT_WARNED
+        _LIMIT_WARNED.add(fn.key)
+    if first:
+        warnings.warn("kiln: " + message, KilnWarning, stacklevel=3)
+    log.info("kiln: %s", message)
+    return gm.forward
+
+
+class _FunctionInfo:
+    """Which user function (Dynamo frame) a graph belongs to, for the per-function cap and messages."""
+
+    def __init__(self, gm):
+        compile_id = None
+        try:
+            from torch._guards import CompileContext
+
+            compile_id = CompileContext.current_compile_id()
+        except Exception:  # pragma: no cover  (older torch)
+            compile_id = None
+        frame_id = getattr(compile_id, "frame_id", None)
+        self.key = ("frame", frame_id) if frame_id is not None else ("graph", id(gm))
+        self.compile_id = str(compile_id) if compile_id is not None else ""
+        self.location = _location(gm)
+        where = f" ({self.location})" if self.location else ""
+        self.name = f"function{where}" + (f" [dynamo compile {self.compile_id}]" if self.compile_id else "")
+
+    def admit(self, opts):
+        with _STATE_LOCK:
+            count = _FUNCTION_GRAPHS.get(self.key, 0)
+            if count >= opts.max_graphs_per_function:
+                return False
+            _FUNCTION_GRAPHS[self.key] = count + 1
+            return True
+
+
+def _location(gm):
+    """"model.py:42 in forward": the code object Dynamo is compiling (found on the call stack, in
+    convert_frame's _compile), else the first node's stack trace; "" when neither is there."""
+    import types
+
+    try:
+        frame = sys._getframe(1)
+        while frame is not None:
+            if frame.f_code.co_name == "_compile" and "convert_frame" in frame.f_code.co_filename:
+                code = frame.f_locals.get("code")
+                if isinstance(code, types.CodeType):
+                    torch_dir = os.path.dirname(torch.__file__)
+                    if not os.path.abspath(code.co_filename).startswith(torch_dir):
+                        return f"{os.path.basename(code.co_filename)}:{code.co_firstlineno} in {code.co_name}"
+                    break  # torch's wrapper around a module's forward: name the module instead
+            frame = frame.f_back
+    except Exception:  # pragma: no cover
+        pass
+    for node in gm.graph.nodes:
+        stack = node.meta.get("nn_module_stack")
+        if stack:
+            entry = next(iter(stack.values()))
+            cls = entry[1] if isinstance(entry, tuple) and len(entry) > 1 else None
+            name = getattr(cls, "__qualname__", None) or (str(cls) if cls else "")
+            if name:
+                return f"{name}.forward"
+    for node in gm.graph.nodes:
+        trace = node.meta.get("stack_trace")
+        if not trace:
+            continue
+        for line in reversed(trace.strip().splitlines()):
+            line = line.strip()
+            if line.startswith("File "):
+                try:
+                    file_part, line_part, func_part = line.split(", ", 2)
+                    path = file_part[len('File "'):-1]
+                    return f"{os.path.basename(path)}:{line_part.split()[-1]} in {func_part.split()[-1]}"
+                except ValueError:
+                    return line
+    return ""
+
+
+# -- one Dynamo graph: its AOT graphs ------------------------------------------------------------
+
+
+class _Session:
+    def __init__(self, opts, fn):
+        self.opts = opts
+        self.fn = fn
+
+    def compiler(self, kind):
+        def compile_fn(gm, example_inputs):
+            graph = CompiledGraph(self, gm, example_inputs, kind)
+            graph.prepare()
+            return graph.boxed()
+
+        return compile_fn
+
+
+class _Spec:
+    """One artifact: the inputs it was compiled for and its executor."""
+
+    def __init__(self, guard, executor, key):
+        self.guard, self.executor, self.key = guard, executor, key
+
+
+class CompiledGraph:
+    """What AOTAutograd gets back for one graph: runs the plan whose guards match, else compiles
+    a new specialization, else runs the graph eagerly. Boxed calling convention (a list of args)."""
+
+    _boxed_call = True
+
+    def __init__(self, session, gm, example_inputs, kind):
+        self.session = session
+        self.opts = session.opts
+        self.gm = gm
+        self.example_inputs = list(example_inputs)
+        self.kind = kind
+        self.kind_name = _KIND_NAMES.get(kind, "graph")
+        self.name = f"the {self.kind_name} graph of {session.fn.name}"
+        self.specs = []
+        self.eager_cause = None  # why the graph runs eagerly (None: it does not)
+        self.retries = 0
+        self.retry_at = 0.0
+        self.request = None
+        self._address = None  # the server last called
+        self._eager_signatures = set()
+        self._lock = threading.Lock()
+        stats_mod.add("graphs")
+
+    # -- compile time ---------------------------------------------------------------------------
+
+    def prepare(self):
+        example_inputs, self.example_inputs = self.example_inputs, None  # not kept: fake tensors
+        try:
+            self.request = self._build_request(self.gm, example_inputs)
+        except Exception as e:
+            self._give_up("serialize", f"{self.name} runs eagerly: kiln could not serialize it "
+                          f"({type(e).__name__}: {_short(e)}). This is a kiln limitation or bug; "
+                          "report it with the KILN_DEBUG=1 folder.", gm=self.gm)
+            return
+        try:
+            spec = self._compile(self.request, self.gm)
+        except KilnError:
+            raise
+        except Exception as e:  # a bug in kiln itself must not break training
+            self._give_up("client_error", f"{self.name} runs eagerly: kiln failed while compiling it "
+                          f"({type(e).__name__}: {_short(e)}). Report it with the KILN_DEBUG=1 folder.",
+                          gm=self.gm)
+            return
+        if spec is not None:
+            self.specs.append(spec)
+        if self.specs or self.retry_at is None:
+            self.request = None  # no retry will need it (it may hold large constants)
+
+    def _build_request(self, gm, example_inputs):
+        from kiln.serialize import serialize_graph
+
+        t0 = time.perf_counter()
+        graph = serialize_graph(gm, example_inputs, kind=self.kind,
+                                debug_name=f"{self.kind_name} of {self.session.fn.location or 'graph'}"
+                                           f" {self.session.fn.compile_id}".strip())
+        request = proto.CompileRequest(graph=graph, target=target_for(example_inputs, self.opts))
+        request.options.deterministic = self.opts.deterministic
+        request.options.disable_fusion = self.opts.disable_fusion
+        request.options.keep_source = self.opts.debug
+        request.options.compile_timeout_ms = int(self.opts.timeout * 1000)
+        request.client.CopyFrom(_client_info())
+        stats_mod.add_to("client_time_s", "serialize", time.perf_counter() - t0)
+        return request
+
+    def _compile(self, request, gm):
+        """Sends the request and loads the artifact; returns a _Spec, or None after a fallback."""
+        opts = self.opts
+        times = {}
+        try:
+            address = _server_address(opts)
+        except server_mod.ServerError as e:
+            self._give_up("server_start", f"{self.name} runs eagerly: {e}", gm=gm, request=request)
+            return None
+        if address is None:  # known to be down: do not wait on it again now
+            self._give_up("unavailable", f"{self.name} runs eagerly: kilnd is unreachable "
+                          f"(retrying after {opts.retry_interval:g} s).", gm=gm, request=request,
+                          warn=False)
+            return None
+        response, client = None, None
+        self._address = address
+        for attempt in (0, 1):
+            client = server_mod.CONNECTIONS.client(address)
+            stats_mod.add("requests")
+            t0 = time.perf_counter()
+            try:
+                if opts.cache_only:
+                    response = client.lookup(request, timeout=opts.timeout)
+                else:
+                    response = client.compile(request, timeout=opts.timeout)
+                break
+            except grpc.RpcError as e:
+                code = e.code() if callable(getattr(e, "code", None)) else grpc.StatusCode.UNKNOWN
+                details = e.details() if callable(getattr(e, "details", None)) else str(e)
+                if code == grpc.StatusCode.UNAVAILABLE:
+                    server_mod.CONNECTIONS.drop(address)
+                    if attempt == 0 and opts.embedded:  # the embedded kilnd may have exited: restart
+                        _EMBEDDED_READY.pop(opts.resolved_cache_dir(), None)
+                        try:
+                            address = _server_address(opts, force_check=True)
+                            if address is not None:
+                                continue
+                        except server_mod.ServerError as start_error:
+                            details = f"{details}; restarting the embedded kilnd failed: {start_error}"
+                    with _STATE_LOCK:
+                        _DOWN_UNTIL[address] = time.monotonic() + opts.retry_interval
+                self._rpc_failed(code, details, address, gm, request)
+                return None
+            finally:
+                elapsed = time.perf_counter() - t0
+                times["rpc"] = times.get("rpc", 0.0) + elapsed
+                stats_mod.add_to("client_time_s", "rpc", elapsed)
+        _server_ok(address)
+        for t in response.timings:
+            stats_mod.add_to("server_time_s", t.phase, t.micros / 1e6)
+        if response.key:
+            stats_mod.add_key(response.key)
+        source = response.source
+        if source == proto.CACHE_SOURCE_MISS:
+            stats_mod.add("misses")
+            self._give_up("cache_miss", f"{self.name} runs eagerly: cache-only mode (KILN_CACHE_ONLY) and "
+                          f"kilnd at {address} has no artifact for it (key {response.key[:16]}...). Compile "
+                          "it once without KILN_CACHE_ONLY, or import a bundle (kilnctl import).",
+                          gm=gm, request=request, response=response)
+            return None
+        tier = {proto.CACHE_SOURCE_MEMORY_HIT: "memory", proto.CACHE_SOURCE_DISK_HIT: "disk",
+                proto.CACHE_SOURCE_SHARED_HIT: "shared"}.get(source)
+        if tier is not None:
+            stats_mod.add("hits")
+            stats_mod.add_to("hits_by_tier", tier)
+        elif source in (proto.CACHE_SOURCE_COMPILED, proto.CACHE_SOURCE_JOINED):
+            stats_mod.add("compiles")
+            if source == proto.CACHE_SOURCE_JOINED:
+                stats_mod.add("joined")
+        if not response.HasField("artifact"):
+            self._give_up("internal", f"{self.name} runs eagerly: kilnd answered "
+                          f"{proto.CacheSource.Name(source)} without an artifact.", gm=gm,
+                          request=request, response=response)
+            return None
+        t0 = time.perf_counter()
+        try:
+            spec = self._load(response, request, gm)
+        except NotImplementedError as e:
+            self._give_up("unsupported_plan", f"{self.name} runs eagerly: this kiln client cannot run "
+                          f"its plan yet ({_short(e)}).", gm=gm, request=request, response=response,
+                          client=client)
+            return None
+        except Exception as e:
+            self._give_up("bad_artifact", f"{self.name} runs eagerly: the artifact from kilnd (key "
+                          f"{response.key[:16]}...) cannot be loaded ({type(e).__name__}: {_short(e)}). "
+                          "Report it with the KILN_DEBUG=1 folder.", gm=gm, request=request,
+                          response=response, client=client)
+            return None
+        finally:
+            times["load"] = time.perf_counter() - t0
+            stats_mod.add_to("client_time_s", "load", times["load"])
+        stats_mod.add("op_fallbacks", spec.executor.op_fallbacks)
+        if opts.debug:
+            self._dump(gm=gm, request=request, response=response, client=client,
+                       outcome=f"runs the plan of key {response.key} "
+                               f"({proto.CacheSource.Name(source)})", times=times)
+        return spec
+
+    def _load(self, response, request, gm):
+        from kiln.executor import PlanExecutor
+        from kiln.guards import InputGuard
+
+        artifact = response.artifact
+        check_artifact(artifact)
+        constants = {}
+        for c in request.graph.constants:
+            obj = gm
+            for part in c.name.split("."):
+                obj = getattr(obj, part)
+            constants[c.name] = obj
+        cache_dir = self.opts.resolved_cache_dir()
+
+        def runtime_loader():
+            from kiln.runtime import load_runtime
+
+            return load_runtime(cache_dir)
+
+        executor = PlanExecutor(artifact, request.graph, constants, runtime_loader=runtime_loader)
+        return _Spec(InputGuard(request.graph), executor, response.key)
+
+    def _rpc_failed(self, code, details, address, gm, request):
+        cause = code.name.lower() if hasattr(code, "name") else str(code)
+        advice = {
+            "unavailable": (f"kilnd at {address} is unreachable. Start it, fix KILN_SERVER, or unset "
+                            "KILN_SERVER to use the embedded local kilnd; kiln tries again after "
+                            f"{self.opts.retry_interval:g} s."),
+            "deadline_exceeded": (f"kilnd did not answer within {self.opts.timeout:g} s. Raise the "
+                                  "timeout (option timeout / KILN_TIMEOUT) or check the server's load."),
+            "unimplemented": "kilnd cannot compile this graph; it runs with torch. Nothing to do.",
+            "invalid_argument": ("kilnd refused the graph as malformed. This is a kiln bug: report it "
+                                 "with the KILN_DEBUG=1 folder."),
+            "internal": ("kilnd failed to compile it. Report it with the KILN_DEBUG=1 folder and the "
+                         "kilnd log."),
+            "resource_exhausted": "kilnd is over one of its limits; it may work on a later try.",
+        }.get(cause, "Report it if it persists.")
+        self._give_up(cause, f"{self.name} runs eagerly: kilnd at {address} answered "
+                      f"{code.name if hasattr(code, 'name') else code}: {details}. {advice}",
+                      gm=gm, request=request)
+
+    def _give_up(self, cause, message, *, gm=None, request=None, response=None, client=None,
+                 warn=True):
+        """Marks the graph eager for `cause`: counts it, warns once per cause, or raises."""
+        if self.eager_cause is None:
+            stats_mod.graph_fallback(cause)
+        self.eager_cause = cause
+        if cause in _TRANSIENT and self.retries < _MAX_RETRIES:
+            self.retry_at = time.monotonic() + self.opts.retry_interval * (2 ** self.retries)
+            self.retries += 1
+        else:
+            self.retry_at = None
+        if self.opts.debug:
+            self._dump(gm=gm, request=request, response=response, client=client,
+                       outcome=f"runs eagerly ({cause}): {message}", times={})
+        if self.opts.fallback == "error":
+            raise KilnError("kiln: " + message + " (KILN_FALLBACK=error: not falling back)")
+        _fallback(self.opts, cause, message, warn=warn)
+
+    def _dump(self, gm, request, response, client, outcome, times):
+        reachable = not any(c in outcome for c in ("(unavailable)", "(deadline_exceeded)", "(server_start)"))
+        if response is None and request is not None and self._address is not None and reachable:
+            try:  # the key, for the folder: Lookup hashes without compiling
+                client = server_mod.CONNECTIONS.client(self._address)
+                response = client.lookup(request, timeout=10)
+            except Exception:
+                response = None
+        plan_text = None
+        if response is not None and response.HasField("artifact"):
+            plan_text = debug_mod.format_plan(response.artifact.plan, response.artifact)
+        debug_mod.dump(self.opts, self.kind_name, gm=gm, request=request, response=response,
+                       client=client, outcome=outcome, client_times=times, plan_text=plan_text)
+
+    # -- run time -------------------------------------------------------------------------------
+
+    def boxed(self):
+        """A plain function for AOTAutograd (boxed: it takes the list of inputs); `kiln_graph` is
+        this object. A function, because torch wraps the backward's in functools.wraps-based
+        decorators that keep a function's attributes."""
+
+        def run(args):
+            return self(args)
+
+        run._boxed_call = True
+        run.kiln_graph = self
+        return run
+
+    def __call__(self, args):
+        try:
+            spec, symbols = self._choose(args)
+        except KilnError:
+            raise
+        except Exception as e:  # a bug in kiln's guards or retries: never break training
+            spec, symbols = None, None
+            self.specs, self.retry_at = [], None
+            stats_mod.graph_fallback("client_error")
+            self.eager_cause = "client_error"
+            message = (f"{self.name} runs eagerly from now on: kiln failed choosing how to run it "
+                       f"({type(e).__name__}: {_short(e)}). Report it with the KILN_DEBUG=1 folder.")
+            if self.opts.fallback == "error":
+                raise KilnError("kiln: " + message) from e
+            _fallback(self.opts, "client_error", message)
+        if spec is None:
+            return self._eager(args)
+        try:
+            out = spec.executor(args, symbols)
+        except Exception as e:
+            return self._plan_failed(spec, e, args)
+        stats_mod.add("plan_calls")
+        return out
+
+    def _choose(self, args):
+        """(the spec whose guards these inputs pass, the symbol values), or (None, None): eager."""
+        from kiln.guards import GuardFailure
+
+        if self.eager_cause is not None and self.retry_at is not None and self.request is not None \
+                and time.monotonic() >= self.retry_at and not self.specs:
+            self._retry()
+        for spec in self.specs:
+            try:
+                return spec, spec.guard.bind(args)
+            except GuardFailure:
+                continue
+        if self.specs:  # compiled, but not for these inputs
+            spec = self._respecialize(args)
+            if spec is not None:
+                return spec, spec.guard.bind(args)
+        return None, None
+
+    def _eager(self, args):
+        stats_mod.add("eager_calls")
+        return self.gm(*args)
+
+    def _retry(self):
+        with self._lock:
+            if self.specs or self.retry_at is None or time.monotonic() < self.retry_at:
+                return
+            cause = self.eager_cause
+            self.retry_at = None  # _give_up sets it again on another transient failure
+            spec = self._compile(self.request, self.gm)
+            if spec is not None:
+                log.info("kiln: %s compiled on a retry after %s", self.name, cause)
+                self.specs.append(spec)
+                self.eager_cause = None
+            if self.specs or self.retry_at is None:
+                self.request = None
+
+    def _plan_failed(self, spec, error, args):
+        self.specs = []  # a plan that fails means a kiln bug: run this graph with torch from now on
+        self.retry_at = None
+        message = (f"{self.name} runs eagerly from now on: running its plan (key {spec.key[:16]}...) "
+                   f"failed ({type(error).__name__}: {_short(error)}). Report it with the "
+                   "KILN_DEBUG=1 folder.")
+        if self.opts.fallback == "error":
+            raise KilnError("kiln: " + message) from error
+        stats_mod.graph_fallback("plan_error")
+        self.eager_cause = "plan_error"
+        _fallback(self.opts, "plan_error", message)
+        return self._eager(args)
+
+    def _respecialize(self, args):
+        from kiln.guards import GuardFailure, signature
+
+        sig = signature(args)
+        if sig in self._eager_signatures:
+            return None
+        with self._lock:
+            for spec in self.specs:  # another thread may have compiled it meanwhile
+                try:
+                    spec.guard.bind(args)
+                    return spec
+                except GuardFailure:
+                    pass
+            if not self.session.fn.admit(self.opts):
+                self._remember_eager(sig)
+                _eager_dynamo_graph_warning(self.session.fn, self.opts)
+                return None
+            stats_mod.add("graphs")
+            try:
+                gm = _retrace(self.gm, args)
+                request = self._build_request(gm, list(args))
+            except Exception as e:
+                self._remember_eager(sig)
+                stats_mod.graph_fallback("serialize")
+                _fallback(self.opts, "serialize", f"{self.name} runs eagerly for inputs {_short(sig)}: "
+                          f"kiln could not specialize it ({type(e).__name__}: {_short(e)}).")
+                return None
+            log.info("kiln: %s: new input metadata, compiling a new specialization", self.name)
+            saved = (self.eager_cause, self.retry_at)
+            spec = self._compile(request, gm)
+            self.eager_cause, self.retry_at = saved
+            if spec is None:
+                self._remember_eager(sig)
+                return None
+            self.specs.append(spec)
+            return spec
+
+    def _remember_eager(self, sig):
+        if len(self._eager_signatures) < 256:
+            self._eager_signatures.add(sig)
+
+
+def _eager_dynamo_graph_warning(fn, opts):
+    stats_mod.graph_fallback("graph_limit")
+    message = (f"{fn.name} has had {opts.max_graphs_per_function} graphs compiled "
+               f"(max_graphs_per_function={opts.max_graphs_per_function}); inputs with new metadata "
+               "run eagerly. Raise the limit with options={'max_graphs_per_function': N}.")
+    if opts.fallback == "error":
+        raise KilnError(message)
+    with _STATE_LOCK:
+        first = fn.key not in _LIMIT_WARNED
+        _LIMIT_WARNED.add(fn.key)
+    if first:
+        warnings.warn("kiln: " + message, KilnWarning, stacklevel=3)
+
+
+def _retrace(gm, args):
+    """A copy of `gm` whose node.meta["val"] describe `args` (static shapes)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+    graph = torch.fx.Graph()
+    out = graph.graph_copy(gm.graph, {})
+    graph.output(out)
+    copy = torch.fx.GraphModule(gm, graph)
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    fakes = [mode.from_tensor(a, static_shapes=True) if isinstance(a, torch.Tensor) else a for a in args]
+    FakeTensorProp(copy, mode).propagate(*fakes)
+    return copy
+
+
+# -- servers ----------------------------------------------------------------------------------
+
+
+def _server_address(opts, force_check=False):
+    """The address to call, starting the embedded kilnd if needed; None while it is known down."""
+    if opts.embedded:
+        cache_dir = opts.resolved_cache_dir()
+        address = None if force_check else _EMBEDDED_READY.get(cache_dir)
+        if address is None:
+            address = server_mod.ensure_embedded(opts)
+            _EMBEDDED_READY[cache_dir] = address
+    else:
+        address = opts.server
+        from kiln.rpc import parse_address
+
+        try:
+            parse_address(address)
+        except ValueError as e:
+            raise server_mod.ServerError(f"KILN_SERVER (option server) is not usable: {e}") from None
+    with _STATE_LOCK:
+        until = _DOWN_UNTIL.get(address)
+    if until is not None and time.monotonic() < until and not force_check:
+        return None
+    return address
+
+
+def _server_ok(address):
+    with _STATE_LOCK:
+        _DOWN_UNTIL.pop(address, None)
+        for cause in ("unavailable", "deadline_exceeded", "server_start"):
+            _WARNED.discard(cause)  # a later outage is announced again
+
+
+def _fallback(opts, cause, message, warn=True):
+    with _STATE_LOCK:
+        first = cause not in _WARNED
+        _WARNED.add(cause)
+    if first and warn:
+        warnings.warn("kiln: " + message, KilnWarning, stacklevel=4)
+    log.info("kiln: %s", message)
+
+
+# -- request fields ---------------------------------------------------------------------------
+
+
+def target_for(example_inputs, opts):
+    """The kiln.v1.Target for a graph whose inputs are `example_inputs`."""
+    for t in example_inputs:
+        if isinstance(t, torch.Tensor) and t.device.type == "cuda":
+            index = t.device.index if t.device.index is not None else 0
+            major, minor = torch.cuda.get_device_capability(index)
+            return proto.Target(device=proto.DEVICE_KIND_CUDA, cuda_arch=f"sm_{major}{minor}")
+    return proto.Target(device=proto.DEVICE_KIND_CPU, cpu_isa=opts.cpu_isa or detect_cpu_isa())
+
+
+_CPU_ISA = None
+_X86_LEVELS = (
+    ("x86-64-v4", {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"}),
+    ("x86-64-v3", {"avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "abm", "movbe", "xsave"}),
+    ("x86-64-v2", {"cx16", "lahf_lm", "popcnt", "sse4_1", "sse4_2", "ssse3"}),
+)
+
+
+def detect_cpu_isa():
+    """The -march level this machine runs: x86-64-v2/v3/v4, armv8-a, else the machine name."""
+    global _CPU_ISA
+    if _CPU_ISA is not None:
+        return _CPU_ISA
+    machine = platform.machine().lower()
+    isa = machine or "unknown"
+    if machine in ("x86_64", "amd64"):
+        flags = set()
+        try:
+            with open("/proc/cpuinfo") as f:
+                for line in f:
+                    if line.startswith("flags"):
+                        flags = set(line.split(":", 1)[1].split())
+                        break
+        except OSError:
+            pass
+        isa = "x86-64"
+        for level, needed in reversed(_X86_LEVELS):
+            if needed <= flags:
+                isa = level
+            else:
+                break
+    elif machine in ("aarch64", "arm64"):
+        isa = "armv8-a"
+    _CPU_ISA = isa
+    return isa
+
+
+_CLIENT_INFO = None
+
+
+def _client_info():
+    global _CLIENT_INFO
+    if _CLIENT_INFO is None:
+        import kiln
+
+        info = proto.ClientInfo(kiln_version=kiln.__version__, torch_version=torch.__version__,
+                                python_version=platform.python_version(), hostname=socket.gethostname(),
+                                pid=os.getpid())
+        _CLIENT_INFO = info
+    info = proto.ClientInfo()
+    info.CopyFrom(_CLIENT_INFO)
+    info.pid = os.getpid()
+    rank = os.environ.get("RANK")
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            rank = dist.get_rank()
+    except Exception:  # pragma: no cover
+        pass
+    if rank is not None:
+        try:
+            info.rank = int(rank)
+        except ValueError:
+            pass
+    return info
+
+
+def check_artifact(artifact):
+    """Raises ValueError when the artifact's checksum (SHA-256 over its deterministic serialization
+    without the checksum field, as kilnd computes it) does not match."""
+    if not artifact.checksum:
+        raise ValueError("the artifact has no checksum")
+    copy = proto.Artifact()
+    copy.CopyFrom(artifact)
+    copy.ClearField("checksum")
+    digest = hashlib.sha256(copy.SerializeToString(deterministic=True)).hexdigest()
+    if digest != artifact.checksum:
+        raise ValueError(f"artifact checksum mismatch (computed {digest[:16]}..., "
+                         f"sent {artifact.checksum[:16]}...)")
+
+
+def _short(value, limit=300):
+    text = str(value).replace("\n", " ")
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+__all__ = ["kiln_backend", "reset", "target_for", "detect_cpu_isa", "CompiledGraph", "check_artifact"]

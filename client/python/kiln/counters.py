@@ -1,0 +1,82 @@
+"""Process-wide counters of the kiln backend: ``kiln.stats()`` and ``kiln.reset_stats()``.
+
+Counted once per graph (not per call):
+  graphs           AOTAutograd graphs handed to kiln (forward, backward, inference, re-specializations)
+  requests         Compile/Lookup calls sent to kilnd (retries included)
+  hits             replies served from a cache tier; ``hits_by_tier`` splits them (memory/disk/shared)
+  compiles         replies that compiled the graph (``joined``: joined a compile already in flight)
+  misses           Lookup misses in cache-only mode
+  graph_fallbacks  graphs run eagerly by torch; ``fallbacks_by_cause`` says why
+  op_fallbacks     ops run by torch inside compiled plans (AtenStep.fallback), per loaded plan
+  eager_calls      calls of graphs that ran eagerly (every call)
+  plan_calls       calls that ran a compiled plan (every call)
+Times, in seconds, summed over requests: ``client_time_s`` (serialize, rpc, load) and
+``server_time_s`` (the phases of CompileResponse.timings).
+Does not import torch.
+"""
+
+import copy
+import threading
+
+_LOCK = threading.Lock()
+
+
+def _fresh():
+    return {
+        "graphs": 0,
+        "requests": 0,
+        "hits": 0,
+        "hits_by_tier": {"memory": 0, "disk": 0, "shared": 0},
+        "compiles": 0,
+        "joined": 0,
+        "misses": 0,
+        "graph_fallbacks": 0,
+        "fallbacks_by_cause": {},
+        "op_fallbacks": 0,
+        "eager_calls": 0,
+        "plan_calls": 0,
+        "client_time_s": {"serialize": 0.0, "rpc": 0.0, "load": 0.0},
+        "server_time_s": {},
+        "keys": [],  # keys of the graphs seen, in order (for tests and debugging), bounded
+    }
+
+
+_STATS = _fresh()
+_MAX_KEYS = 4096
+
+
+def stats():
+    """A copy of the counters (see the module docstring)."""
+    with _LOCK:
+        return copy.deepcopy(_STATS)
+
+
+def reset_stats():
+    """Sets every counter back to zero."""
+    global _STATS
+    with _LOCK:
+        _STATS = _fresh()
+
+
+def add(name, n=1):
+    with _LOCK:
+        _STATS[name] += n
+
+
+def add_to(group, name, n=1):
+    with _LOCK:
+        table = _STATS[group]
+        table[name] = table.get(name, 0) + n
+
+
+def add_key(key):
+    with _LOCK:
+        if len(_STATS["keys"]) < _MAX_KEYS:
+            _STATS["keys"].append(key)
+
+
+def graph_fallback(cause):
+    with _LOCK:
+        _STATS["graph_fallbacks"] += 1
+        table = _STATS["fallbacks_by_cause"]
+        table[cause] = table.get(cause, 0) + 1

@@ -1,0 +1,115 @@
+"""Kernel steps through the runtime library (runtime/kiln_runtime.h via ctypes): the library is
+built with runtime/build.sh into a cache dir keyed by a hash of its sources, and a hand-written
+kernel in the generated-kernel calling convention runs inside a plan next to aten steps."""
+
+import os
+import shutil
+import subprocess
+
+import pytest
+import torch
+
+from kiln import proto, runtime, testing
+from kiln.executor import PlanExecutor
+from kiln.guards import InputGuard
+
+PV = proto.PlanValue
+
+KERNELS = r"""
+#include <stdint.h>
+// out[i] = a[i] * 2 + b[i], i < scalars[0]
+extern "C" void kiln_kernel_0(void* const* buffers, const int64_t* scalars) {
+  const float* a = (const float*)buffers[0];
+  const float* b = (const float*)buffers[1];
+  float* out = (float*)buffers[2];
+  for (int64_t i = 0; i < scalars[0]; ++i) out[i] = a[i] * 2.0f + b[i];
+}
+// out[i] = out[i] + 1 (in place)
+extern "C" void kiln_kernel_1(void* const* buffers, const int64_t* scalars) {
+  float* out = (float*)buffers[0];
+  for (int64_t i = 0; i < scalars[0]; ++i) out[i] += 1.0f;
+}
+"""
+
+pytestmark = pytest.mark.skipif(shutil.which("g++") is None or runtime.source_dir() is None,
+                                reason="needs g++ and the runtime sources (runtime/ in the checkout)")
+
+
+@pytest.fixture(scope="module")
+def rt(tmp_path_factory):
+    cache = tmp_path_factory.mktemp("cache")
+    path = runtime.build(str(cache))
+    assert path.startswith(str(cache)) and os.path.isfile(path)
+    assert runtime.source_hash(runtime.source_dir()) in path
+    assert runtime.build(str(cache)) == path  # built once, then reused
+    return runtime.Runtime(path)
+
+
+@pytest.fixture(scope="module")
+def kernel_so(tmp_path_factory):
+    d = tmp_path_factory.mktemp("kernels")
+    (d / "k.cc").write_text(KERNELS)
+    subprocess.run(["g++", "-O2", "-shared", "-fPIC", str(d / "k.cc"), "-o", str(d / "k.so")], check=True)
+    return (d / "k.so").read_bytes()
+
+
+def dynamic_graph():
+    """Placeholders a: f32[s0], b: f32[s0]."""
+    graph = proto.Graph()
+    graph.symbols.add(name="s0", hint=8, min_value=2, max_value=(1 << 63) - 1)
+    for name in ("a", "b"):
+        ph = graph.nodes.add(name=name, op=proto.Node.OP_PLACEHOLDER, target=name)
+        t = ph.meta.tensor
+        t.dtype, t.device.kind = proto.DTYPE_FLOAT32, proto.DEVICE_KIND_CPU
+        t.sizes.add(expr=proto.SymExpr(op=proto.SymExpr.OP_SYMBOL, symbol=0))
+        t.strides.add(constant=1)
+    return graph
+
+
+def test_kernel_steps_run_through_the_runtime(rt, kernel_so):
+    graph = dynamic_graph()
+    plan = proto.Plan(num_inputs=2)
+    for i in range(2):
+        v = plan.values.add(storage=PV.STORAGE_INPUT, index=i)
+        v.meta.CopyFrom(graph.nodes[i].meta.tensor)
+    out = plan.values.add(storage=PV.STORAGE_OUTPUT)
+    out.meta.CopyFrom(graph.nodes[0].meta.tensor)
+    neg = plan.values.add(storage=PV.STORAGE_STEP)
+    neg.meta.CopyFrom(graph.nodes[0].meta.tensor)
+    k0 = plan.steps.add().kernel
+    k0.binary, k0.symbol = 0, "kiln_kernel_0"
+    k0.args.extend([0, 1, 2])
+    k0.scalar_args.append(0)
+    k1 = plan.steps.add().kernel
+    k1.binary, k1.symbol = 0, "kiln_kernel_1"
+    k1.args.append(2)
+    k1.scalar_args.append(0)
+    step = plan.steps.add().aten
+    step.target = "aten.neg.default"
+    step.args.add(node="v2")
+    step.outputs.append(3)
+    plan.outputs.extend([2, 3])
+    artifact = testing.make_artifact(plan, proto.Target(device=proto.DEVICE_KIND_CPU, cpu_isa="x86-64-v2"),
+                                     [proto.Binary(kind=proto.Binary.KIND_SHARED_OBJECT, data=kernel_so)])
+    ex = PlanExecutor(artifact, graph, runtime_loader=lambda: rt)
+    guard = InputGuard(graph)
+    for n in (8, 1000):
+        a, b = torch.randn(n), torch.randn(n)
+        got, negated = ex([a, b], guard.bind([a, b]))
+        torch.testing.assert_close(got, a * 2 + b + 1)
+        torch.testing.assert_close(negated, -(a * 2 + b + 1))
+
+
+def test_runtime_errors_are_reported(rt, kernel_so):
+    module = rt.load(kernel_so)
+    with pytest.raises(runtime.RuntimeCallError, match="no_such_kernel"):
+        module.add_kernel("no_such_kernel")
+    with pytest.raises(runtime.RuntimeCallError):
+        rt.load(b"not an ELF file at all")
+
+
+def test_missing_runtime_library_is_a_clear_error(monkeypatch, tmp_path):
+    monkeypatch.setenv("KILN_RUNTIME_LIB", str(tmp_path / "nope.so"))
+    monkeypatch.setattr(runtime, "_LOADED", {})
+    with pytest.raises(runtime.RuntimeUnavailable, match="nope.so"):
+        runtime.load_runtime(str(tmp_path))

@@ -1,0 +1,123 @@
+"""Registration (the torch_dynamo_backends entry point), options overriding the environment,
+KILN_DEBUG folders and the `kiln` logger, against a real kilnd."""
+import glob
+import importlib.metadata
+import logging
+import os
+import re
+import tempfile
+import warnings
+
+import pytest
+import torch
+
+import kiln
+import kiln.backend
+from kiln import proto, testing
+from kiln.rpc import KilnClient
+from kilnd_server import Kilnd
+
+logging.getLogger("torch.__trace").addFilter(lambda record: False)
+
+
+@pytest.fixture(scope="module")
+def server():
+    s = Kilnd()
+    yield s
+    assert s.stop() == 0
+
+
+@pytest.fixture(autouse=True)
+def fresh(monkeypatch):
+    for var in ("KILN_SERVER", "KILN_FALLBACK", "KILN_CACHE_ONLY", "KILN_DEBUG", "KILN_DEBUG_DIR"):
+        monkeypatch.delenv(var, raising=False)
+    torch._dynamo.reset()
+    kiln.backend.reset()
+    kiln.reset_stats()
+    yield
+    torch._dynamo.reset()
+
+
+def server_requests(address):
+    with KilnClient(address) as c:
+        return dict(c.get_stats().requests)
+
+
+def f(x):
+    return torch.nn.functional.silu(x) @ x.t()
+
+
+def test_kiln_is_a_registered_dynamo_backend():
+    import torch._dynamo
+
+    assert "kiln" in torch._dynamo.list_backends()
+    eps = importlib.metadata.entry_points(group="torch_dynamo_backends")
+    (ep,) = [e for e in eps if e.name == "kiln"]
+    assert ep.value == "kiln.backend:kiln_backend" and ep.load() is kiln.backend.kiln_backend
+    from torch._dynamo.backends.registry import lookup_backend
+
+    assert lookup_backend("kiln") is kiln.backend.kiln_backend
+
+
+def test_options_override_environment_variables(server, monkeypatch):
+    monkeypatch.setenv("KILN_SERVER", "unix:" + os.path.join(tempfile.mkdtemp(), "nobody.sock"))
+    monkeypatch.setenv("KILN_CACHE_ONLY", "1")
+    monkeypatch.setenv("KILN_FALLBACK", "error")  # would raise on the miss below if it applied
+    before = server_requests(server.address)
+    x = torch.randn(4, 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = torch.compile(f, backend="kiln", options={"server": server.address, "cache_only": False,
+                                                         "fallback": "eager"})(x)
+    torch.testing.assert_close(got, f(x))
+    after = server_requests(server.address)
+    assert sum(after.values()) - sum(before.values()) == 1  # the option's server, not the env's
+    assert after.get("miss", 0) == before.get("miss", 0)  # Compile, not the env's cache-only Lookup
+    assert kiln.stats()["misses"] == 0
+
+
+def test_unknown_options_are_refused():
+    with pytest.raises(Exception, match="unknown kiln option"):
+        torch.compile(f, backend="kiln", options={"sever": "x"})(torch.randn(2, 2))
+
+
+def test_debug_folders_and_logs(server, monkeypatch, tmp_path, caplog):
+    monkeypatch.setenv("KILN_DEBUG", "1")
+    monkeypatch.setenv("KILN_DEBUG_DIR", str(tmp_path))
+    x = torch.randn(4, 4, requires_grad=True)
+    caplog.set_level(logging.INFO, logger="kiln")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.compile(f, backend="kiln", options={"server": server.address})(x).sum().backward()
+    def numbered():
+        paths = glob.glob(f"{tmp_path}/{os.getpid()}/*")
+        return sorted(paths, key=lambda p: int(os.path.basename(p).split("_")[0]))
+
+    folders = numbered()  # <n>_<kind>, n counting the graphs of this process
+    assert [os.path.basename(p).split("_")[1] for p in folders] == ["forward", "backward"]
+    for folder in folders:
+        files = set(os.listdir(folder))
+        assert {"fx_graph.txt", "request.binpb", "key.txt", "outcome.txt"} <= files
+        assert "def forward" in open(os.path.join(folder, "fx_graph.txt")).read()
+        request = proto.CompileRequest.FromString(open(os.path.join(folder, "request.binpb"), "rb").read())
+        assert request.options.keep_source  # kilnd keeps the generated source for these
+        key = re.search(r"key: ([0-9a-f]{64})", open(os.path.join(folder, "key.txt")).read()).group(1)
+        with KilnClient(server.address) as c:
+            assert c.lookup(request, timeout=30).key == key
+    logged = "\n".join(r.getMessage() for r in caplog.records if r.name == "kiln")
+    assert str(tmp_path) in logged and "debug files" in logged
+    # A graph served from the cache also gets its plan and timings.
+    with KilnClient(server.address) as c:
+        request = proto.CompileRequest.FromString(open(os.path.join(folders[0], "request.binpb"), "rb").read())
+        testing.import_artifact(c, request, testing.make_artifact(testing.aten_plan(request.graph), request.target))
+    torch._dynamo.reset()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.compile(f, backend="kiln", options={"server": server.address})(x).sum().backward()
+    hit = numbered()[2]
+    assert hit.endswith("_forward")
+    plan = open(os.path.join(hit, "plan.txt")).read()
+    assert plan.startswith("plan: 1 inputs") and "aten.silu.default" in plan and "[fallback]" in plan
+    timings = open(os.path.join(hit, "timings.txt")).read()
+    assert "client rpc" in timings and "server hash" in timings
+    assert "MEMORY_HIT" in open(os.path.join(hit, "outcome.txt")).read()
