@@ -199,9 +199,9 @@ absl::StatusOr<CompilerService::Reply> CompilerService::Process(Method method,
   }
   if (env_->compiler == nullptr) {
     return absl::UnimplementedError(absl::StrCat(
-        "kilnd ", kKilnVersion, " has no compiler for ", TargetName(parsed->target()),
-        " yet: the graph was verified and hashed (key ", key.substr(0, 16),
-        "...) but not compiled; the client runs this graph eagerly"));
+        "this kilnd serves cached artifacts only (--no_compile) and has none for key ",
+        key.substr(0, 16), "... (", TargetName(parsed->target()),
+        "); the client runs this graph eagerly"));
   }
 
   // Miss: join the compile in flight for this key, or start one. The compile function owns what

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <chrono>
 #include <iostream>
+#include <map>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -45,6 +46,10 @@
 #include "server/service_env.h"
 #include "server/service_metrics.h"
 #include "server/cache_entry.h"
+#include "kernels/cpu/embedded_headers.h"
+#include "server/cache/encoding.h"
+#include "server/compiler/cpu_compiler.h"
+#include "server/toolchain/compiler.h"
 #include "server/request_executor.h"
 #include "server/server_stats.h"
 #include "server/version.h"
@@ -83,6 +88,18 @@ ABSL_FLAG(int32_t, max_queued_compiles, 256,
 ABSL_FLAG(absl::Duration, negative_cache_ttl, absl::Seconds(30),
           "How long a failed compile is remembered, so that the same bad graph from many ranks "
           "is compiled once (0: off).");
+ABSL_FLAG(bool, no_compile, false,
+          "Serve cached artifacts only: Compile answers a miss with UNIMPLEMENTED (the client runs "
+          "that graph eagerly) instead of compiling. For cache-serving replicas and for prewarmed "
+          "production fleets.");
+ABSL_FLAG(std::string, cxx, "g++",
+          "The C++ compiler for CPU targets (a name on PATH or a path; g++ or clang++). Each "
+          "compile runs in its own process; its identity and version are part of every key.");
+ABSL_FLAG(absl::Duration, compile_timeout, absl::Seconds(120),
+          "Time limit of one compiler process; past it the compile fails (DEADLINE_EXCEEDED) "
+          "and the client runs that graph eagerly.");
+ABSL_FLAG(int64_t, compile_memory_limit_bytes, int64_t{4} << 30,
+          "Address-space limit of one compiler process (RLIMIT_AS).");
 ABSL_FLAG(int64_t, max_graph_nodes, 200000, "Largest graph accepted, in nodes.");
 ABSL_FLAG(int32_t, max_tensor_rank, 16, "Largest tensor rank accepted.");
 ABSL_FLAG(int64_t, max_constant_bytes, int64_t{256} << 20,
@@ -254,6 +271,24 @@ int Run(int argc, char** argv) {
   env.cache_max_bytes = cache_options.disk_max_bytes;
   env.max_entry_bytes = absl::GetFlag(FLAGS_max_send_message_bytes);
 
+  // The CPU compiler, and everything about it that changes generated code, for the key.
+  compiler::CpuCompilerOptions cpu_options;
+  cpu_options.toolchain.compiler = absl::GetFlag(FLAGS_cxx);
+  cpu_options.toolchain.timeout = absl::GetFlag(FLAGS_compile_timeout);
+  cpu_options.toolchain.memory_limit_bytes = absl::GetFlag(FLAGS_compile_memory_limit_bytes);
+  toolchain::CompilePool compile_pool(absl::GetFlag(FLAGS_compile_workers));
+  cpu_options.pool = &compile_pool;
+  absl::StatusOr<std::map<std::string, std::string>> cpu_identity =
+      compiler::CpuGraphCompiler::IdentityComponents(cpu_options);
+  if (!cpu_identity.ok()) {
+    Die(kExitEnvironment, absl::StrCat("the C++ compiler --cxx=", absl::GetFlag(FLAGS_cxx),
+                                       " is not usable: ", cpu_identity.status().message()));
+  }
+  for (const auto& [name, value] : *cpu_identity) env.identity.components[name] = value;
+  env.identity.components["cpu_prelude"] = cache::Sha256Hex(kernels::CpuPrelude());
+  compiler::CpuGraphCompiler cpu_compiler(cpu_options);
+  env.compiler = absl::GetFlag(FLAGS_no_compile) ? nullptr : &cpu_compiler;
+
   CompilerServiceOptions compiler_options;
   compiler_options.debug_delay = absl::GetFlag(FLAGS_debug_rpc_delay);
   CompilerService compiler_service(compiler_options, &env);
@@ -295,9 +330,10 @@ int Run(int argc, char** argv) {
   }
   std::string where = address->is_unix ? address->grpc_uri
                                        : absl::StrCat(address->host, ":", selected_port);
-  spdlog::info("kilnd {} serving on {} (cache dir {}, {} entries, {} request threads, pid {})",
+  spdlog::info("kilnd {} serving on {} (cache dir {}, {} entries, {} request threads, {}, pid {})",
                kKilnVersion, where, cache_dir,
-               env.cache->store(cache::Tier::kDisk)->Stats().entries, request_threads, getpid());
+               env.cache->store(cache::Tier::kDisk)->Stats().entries, request_threads,
+               env.identity.components["cxx"], getpid());
   // A machine-readable line for scripts and tests that start kilnd on port 0.
   spdlog::info("listening on {}", where);
 

@@ -138,16 +138,16 @@ def test_fallback_error_raises_instead(monkeypatch):
     assert "KILN_FALLBACK=error" in str(info.value) and "UNAVAILABLE" in str(info.value)
 
 
-def test_fallback_error_raises_on_unimplemented(server, monkeypatch):
+def test_fallback_error_raises_on_unimplemented(no_compile_server, monkeypatch):
     monkeypatch.setenv("KILN_FALLBACK", "error")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            torch.compile(f1, backend="kiln", options={"server": server.address})(torch.randn(3))
+            torch.compile(f1, backend="kiln", options={"server": no_compile_server.address})(torch.randn(3))
     except Exception as e:
         assert "UNIMPLEMENTED" in str(e) and "KILN_FALLBACK=error" in str(e)
     else:
-        pytest.skip("kilnd compiled the graph (it has a compiler now): nothing to fall back from")
+        pytest.fail("KILN_FALLBACK=error did not raise on UNIMPLEMENTED from a --no_compile kilnd")
 
 
 def test_deadline_exceeded_falls_back():
@@ -189,18 +189,18 @@ def test_invalid_argument_from_kilnd_falls_back_naming_the_node(server, monkeypa
     assert len(messages) == 1 and "INVALID_ARGUMENT" in messages[0] and "no_such_node" in messages[0]
 
 
-def test_a_plan_that_fails_at_run_time_falls_back(server, tmp_path):
-    _, _ = run(f3, {"server": server.address, "debug": True, "debug_dir": str(tmp_path)})
+def test_a_plan_that_fails_at_run_time_falls_back(no_compile_server, tmp_path):
+    _, _ = run(f3, {"server": no_compile_server.address, "debug": True, "debug_dir": str(tmp_path)})
     (path,) = glob.glob(f"{tmp_path}/*/*/request.binpb")
     request = proto.CompileRequest.FromString(open(path, "rb").read())
     plan = testing.aten_plan(request.graph)
     plan.values[-1].meta.sizes[0].constant += 1  # the plan lies about a result's shape
-    with KilnClient(server.address) as c:
+    with KilnClient(no_compile_server.address) as c:
         testing.import_artifact(c, request, testing.make_artifact(plan, request.target))
     torch._dynamo.reset()
     kiln.backend.reset()
     kiln.reset_stats()
-    _, messages = run(f3, {"server": server.address})
+    _, messages = run(f3, {"server": no_compile_server.address})
     s = kiln.stats()
     assert s["hits"] == 1 and s["fallbacks_by_cause"] == {"plan_error": 1} and s["eager_calls"] == 1
     assert len(messages) == 1 and "running its plan" in messages[0]

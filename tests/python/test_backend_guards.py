@@ -93,17 +93,17 @@ def test_the_per_function_cap_runs_the_function_eagerly_with_a_warning(server):
     assert "runs eagerly" in str(capped[0].message)
 
 
-def test_inputs_that_do_not_match_the_artifact_compile_a_new_specialization(server, tmp_path):
+def test_inputs_that_do_not_match_the_artifact_compile_a_new_specialization(no_compile_server, tmp_path):
     """Called outside Dynamo (whose own guards would recompile first), so kiln's guards decide."""
     gm = torch.fx.symbolic_trace(lambda x, w: (fn(x, w),))  # AOTAutograd wants tuple outputs
     x, w = torch.randn(4, 8), torch.randn(8, 3)
-    opts = {"server": server.address, "debug": True, "debug_dir": str(tmp_path)}
+    opts = {"server": no_compile_server.address, "debug": True, "debug_dir": str(tmp_path)}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         kiln.backend.kiln_backend(gm, [x, w], options=opts)(x, w)
     first = requests_in(tmp_path)
     assert len(first) == 1 and first[0].graph.kind == proto.GRAPH_KIND_INFERENCE
-    with KilnClient(server.address) as c:
+    with KilnClient(no_compile_server.address) as c:
         testing.import_artifact(c, first[0], testing.make_artifact(testing.aten_plan(first[0].graph),
                                                                    first[0].target))
     kiln.backend.reset()
@@ -111,7 +111,7 @@ def test_inputs_that_do_not_match_the_artifact_compile_a_new_specialization(serv
     compiled = kiln.backend.kiln_backend(gm, [x, w], options=opts)
     torch.testing.assert_close(compiled(x, w)[0], fn(x, w))
     assert kiln.stats()["plan_calls"] >= 1 and kiln.stats()["hits"] == 1
-    unimplemented_before = server_count(server, "unimplemented")
+    unimplemented_before = server_count(no_compile_server, "unimplemented")
     x_t = torch.randn(8, 4).t()  # same shape, other strides: the artifact's guard fails
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -121,10 +121,10 @@ def test_inputs_that_do_not_match_the_artifact_compile_a_new_specialization(serv
     assert s["requests"] == 2 and s["graphs"] == 2  # one new specialization, sent to kilnd
     reqs = requests_in(tmp_path)
     assert [st.constant for st in reqs[-1].graph.nodes[0].meta.tensor.strides] == [1, 4]
-    new_key = keys_of(server, reqs[-1:])[0]
+    new_key = keys_of(no_compile_server, reqs[-1:])[0]
     assert new_key not in s["keys"]
     if s["fallbacks_by_cause"].get("unimplemented"):
-        assert server_count(server, "unimplemented") == unimplemented_before + 1
+        assert server_count(no_compile_server, "unimplemented") == unimplemented_before + 1
     plan_calls = s["plan_calls"]
     compiled(x, w)  # the first specialization still runs its plan
     assert kiln.stats()["plan_calls"] == plan_calls + 1

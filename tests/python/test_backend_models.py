@@ -178,26 +178,37 @@ def plant_aten_plans(server, debug_dir):
 
 
 @pytest.mark.parametrize("name", MODELS)
-def test_models_run_plans_served_from_the_cache(server, name, tmp_path):
-    opts = {"server": server.address, "debug": True, "debug_dir": str(tmp_path)}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        train_and_infer(*MODELS[name], opts, steps=1)
-    keys = plant_aten_plans(server, tmp_path)
-    assert len(keys) >= 3
-    torch._dynamo.reset()
-    kiln.backend.reset()
-    kiln.reset_stats()
-    results, kiln_warnings = train_and_infer(*MODELS[name], {"server": server.address})
-    assert_same(results)
-    s = kiln.stats()
-    assert not kiln_warnings, [str(w.message) for w in kiln_warnings]
-    assert s["graph_fallbacks"] == 0 and s["eager_calls"] == 0
-    assert s["hits"] == s["graphs"] == len(set(s["keys"])) and set(s["keys"]) <= set(keys)
-    assert sum(s["hits_by_tier"].values()) == s["hits"]
-    assert s["plan_calls"] >= 3 * 2 + 1  # three training steps (forward + backward) and inference
-    assert s["op_fallbacks"] > 0  # every step of these plans is an aten fallback
-    assert s["client_time_s"]["load"] > 0 and s["server_time_s"]["lookup"] > 0
+def test_models_compile_then_hit_the_cache_and_run_kernels(name):
+    """A fresh kilnd compiles every graph of the model (inference and training steps) on the first
+    run; a new process state then gets every graph from kilnd's cache and runs its compiled
+    kernels; both runs match eager."""
+    fresh_server = Kilnd()
+    try:
+        opts = {"server": fresh_server.address}
+        results, kiln_warnings = train_and_infer(*MODELS[name], opts)
+        assert_same(results)
+        first = kiln.stats()
+        assert not kiln_warnings, [str(w.message) for w in kiln_warnings]
+        assert first["graph_fallbacks"] == 0 and first["compiles"] == first["graphs"] >= 3
+        torch._dynamo.reset()
+        kiln.backend.reset()
+        kiln.reset_stats()
+        results, kiln_warnings = train_and_infer(*MODELS[name], opts)
+        assert_same(results)
+        s = kiln.stats()
+        assert not kiln_warnings, [str(w.message) for w in kiln_warnings]
+        assert s["graph_fallbacks"] == 0 and s["eager_calls"] == 0
+        assert s["hits"] == s["graphs"] and s["compiles"] == 0
+        assert sum(s["hits_by_tier"].values()) == s["hits"]
+        assert s["plan_calls"] >= 3 * 2 + 1  # three training steps (forward + backward) and inference
+        assert s["client_time_s"]["load"] > 0 and s["server_time_s"]["lookup"] > 0
+        # The plans really are compiled code: kernel steps in every graph's artifact.
+        with KilnClient(fresh_server.address) as c:
+            for key in set(s["keys"]):
+                plan = c.get_entry(proto.GetEntryRequest(key=key, include_plan=True)).plan
+                assert any(step.HasField("kernel") for step in plan.steps), (key, plan)
+    finally:
+        assert fresh_server.stop() == 0
 
 
 def test_optimizer_step_captured_by_dynamo(server):

@@ -1,0 +1,57 @@
+#ifndef KILN_SERVER_COMPILER_CPU_COMPILER_H_
+#define KILN_SERVER_COMPILER_CPU_COMPILER_H_
+
+// CpuGraphCompiler: the GraphCompiler for CPU targets. One straight-line pipeline (Compile):
+//   lower    server/lower/lower.h        graph IR -> op graph (pointwise, views, row ops, steps)
+//   fuse     server/lower/fuse.h         schedule + fusion decisions; kernelize.h: kernel IR
+//   plan     server/lower/plan_builder.h memory plan (one workspace) + kiln.v1.Plan
+//   codegen  server/codegen/cpu_emitter  all kernels -> ONE translation unit ("graph.cc")
+//   compile  server/toolchain            g++ in a worker process -> Binary KIND_SHARED_OBJECT
+// After each stage the IR is dumped at debug level ("compiler: after <stage>:\n..."), and the
+// stage's time goes into CompileResult.timings_us under the stage's name.
+// Errors: UNIMPLEMENTED for CUDA targets ("CUDA codegen is not built yet") and graphs with
+// symbolic sizes (the client runs them eagerly); INVALID_ARGUMENT for a target that is not CPU;
+// INTERNAL for a compiler failure (the compiler's log is in the message) or a lowering bug;
+// DEADLINE_EXCEEDED / RESOURCE_EXHAUSTED from the toolchain's limits. Thread-safe: Compile keeps
+// no state between calls.
+
+#include <map>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "server/codegen/cpu_emitter.h"
+#include "server/graph_compiler.h"
+#include "server/toolchain/compiler.h"
+
+namespace kiln::compiler {
+
+// Bump when lowering, fusion or planning changes generated code or plans for the same graph.
+inline constexpr char kCpuCompilerVersion[] = "kiln-cpu-compiler/1";
+
+struct CpuCompilerOptions {
+  // Compiler, time and memory limits; `march` is overwritten per request with target.cpu_isa.
+  toolchain::CompileOptions toolchain;
+  codegen::CpuEmitOptions emit;
+  // Optional: bounds concurrent compiles across requests (not owned).
+  toolchain::CompilePool* pool = nullptr;
+};
+
+class CpuGraphCompiler : public GraphCompiler {
+ public:
+  explicit CpuGraphCompiler(CpuCompilerOptions options) : options_(std::move(options)) {}
+
+  absl::StatusOr<CompileResult> Compile(const graph::PreparedGraph& prepared,
+                                        const kiln::v1::CompileRequest& request) override;
+
+  // What the cache key must include about this compiler (graph::CompilerIdentity::components):
+  // {"cpu_compiler": kCpuCompilerVersion, "cxx": `<compiler> --version` first line,
+  //  "cxx_flags": the toolchain's flags (without -march, which the target supplies)}.
+  static absl::StatusOr<std::map<std::string, std::string>> IdentityComponents(const CpuCompilerOptions& options);
+
+ private:
+  const CpuCompilerOptions options_;
+};
+
+}  // namespace kiln::compiler
+
+#endif  // KILN_SERVER_COMPILER_CPU_COMPILER_H_

@@ -1,0 +1,359 @@
+#include "server/lower/fuse.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "spdlog/spdlog.h"
+
+namespace kiln::lower {
+namespace {
+
+bool IsStorageKind(ValueKind k) {
+  return k == ValueKind::kInput || k == ValueKind::kConstant || k == ValueKind::kStepOutput;
+}
+
+std::string Shape(const std::vector<int64_t>& s) { return absl::StrCat("[", absl::StrJoin(s, ", "), "]"); }
+
+struct Hit {
+  bool forbidden = false;  // reads a non-affine view of a member: must load it from memory
+  bool identity = true;    // every member read is at the reader's own index
+  std::set<bool> placements;
+  std::vector<int32_t> values;
+};
+
+struct Reach {
+  std::map<int32_t, Hit> hits;  // group -> how it is read
+  int32_t max_dep = -1;         // the latest schedule position of a step read
+};
+
+class Fuser {
+ public:
+  Fuser(const OpGraph& g, const FuseOptions& o) : g_(g), opt_(o) {}
+
+  absl::StatusOr<Schedule> Run() {
+    const size_t n = g_.values.size();
+    s_.group_of.assign(n, -1);
+    s_.stored.assign(n, false);
+    realized_.assign(n, false);
+    member_phase_.assign(n, false);
+    step_order_.assign(g_.steps.size(), -1);
+    DecideRealized();
+    // Walk nodes in order: steps, row ops and realized pointwise values.
+    std::map<int32_t, std::vector<std::pair<int, int32_t>>> by_node;  // node -> (0 step, 1 row, 2 value)
+    for (size_t i = 0; i < g_.steps.size(); ++i) by_node[g_.steps[i].node].push_back({0, static_cast<int32_t>(i)});
+    for (size_t i = 0; i < g_.row_ops.size(); ++i) by_node[g_.row_ops[i].node].push_back({1, static_cast<int32_t>(i)});
+    for (const LValue& v : g_.values) {
+      if (v.kind == ValueKind::kPointwise && realized_[v.id]) by_node[v.node].push_back({2, v.id});
+    }
+    // copies made for outputs have the node of their view: keep value order within a node.
+    for (auto& [node, list] : by_node) {
+      for (const auto& [kind, idx] : list) {
+        if (kind == 0) {
+          step_order_[idx] = static_cast<int32_t>(s_.items.size());
+          if (g_.steps[idx].mutates) barrier_ = step_order_[idx];
+          s_.items.push_back({true, idx});
+        } else if (kind == 1) {
+          PlaceRow(idx);
+        } else {
+          PlacePointwise(idx);
+        }
+      }
+    }
+    Prune();
+    return std::move(s_);
+  }
+
+ private:
+  void Log(const std::string& m) {
+    spdlog::debug("fuse: {}", m);
+    s_.log.push_back(m);
+  }
+
+  int Users(int32_t v, bool* composite_reader) const {
+    int n = static_cast<int>(g_.row_users[v].size() + g_.step_users[v].size());
+    for (int32_t r : g_.row_users[v]) *composite_reader |= g_.row_ops[r].composite;
+    for (int32_t u : g_.value_users[v]) n += g_.values[u].kind == ValueKind::kView ? Users(u, composite_reader) : 1;
+    return n;
+  }
+
+  void Realize(int32_t v, const std::string& why) {
+    if (realized_[v]) return;
+    realized_[v] = true;
+    Log(absl::StrCat("realize v", v, " (", g_.values[v].op, "): ", why));
+  }
+
+  void DecideRealized() {
+    for (int32_t o : g_.outputs) {
+      if (o >= 0 && !IsStorageKind(g_.values[o].kind) && g_.values[o].kind != ValueKind::kView) Realize(o, "graph output");
+    }
+    for (const ExternStep& st : g_.steps) {
+      for (int32_t in : st.inputs) {
+        const int32_t r = ViewRoot(g_, in);
+        if (!IsStorageKind(g_.values[r].kind)) Realize(r, absl::StrCat("read by step ", st.target));
+      }
+    }
+    for (const LValue& v : g_.values) {
+      for (int32_t in : v.masked_inputs) {
+        const int32_t r = ViewRoot(g_, in);
+        if (!IsStorageKind(g_.values[r].kind)) Realize(r, absl::StrCat("read masked by v", v.id, " (", v.op, ")"));
+      }
+    }
+    std::vector<bool> eff_cheap(g_.values.size(), false);
+    for (const LValue& v : g_.values) {
+      if (v.kind == ValueKind::kRowOutput) realized_[v.id] = true;
+      if (v.kind == ValueKind::kView) {
+        const int32_t r = ViewRoot(g_, v.id);
+        if (!IsStorageKind(g_.values[r].kind) && !ViewIsAffine(g_, v.id)) {
+          Realize(r, absl::StrCat("view v", v.id, " (", v.op, ") is not an affine window of it"));
+        }
+      }
+      if (v.kind == ValueKind::kPointwise && !realized_[v.id]) {
+        if (opt_.disable_fusion) {
+          Realize(v.id, "fusion disabled");
+        } else {
+          bool composite = false;
+          const int users = Users(v.id, &composite);
+          bool cheap = v.cheap;
+          for (int32_t in : v.inputs) cheap = cheap && eff_cheap[in];
+          if ((users > 1 || composite) && !cheap) {
+            Realize(v.id, users > 1 ? absl::StrCat(users, " consumers and not cheap (computed once)")
+                                    : "read twice by a row-fused composite and not cheap");
+          }
+        }
+      }
+      const int32_t r = ViewRoot(g_, v.id);
+      eff_cheap[v.id] = realized_[v.id] || IsStorageKind(v.kind) || (v.kind == ValueKind::kView && eff_cheap[r]) ||
+                        (v.kind == ValueKind::kPointwise && v.cheap &&
+                         std::all_of(v.inputs.begin(), v.inputs.end(), [&](int32_t i) { return eff_cheap[i]; }));
+    }
+  }
+
+  void Dep(const LValue& x, Reach& r) {
+    if (x.kind == ValueKind::kStepOutput) r.max_dep = std::max(r.max_dep, step_order_[x.step]);
+  }
+
+  void Visit(int32_t v, bool identity, Reach& r) {
+    const LValue& x = g_.values[v];
+    if (s_.group_of[v] >= 0) {
+      Hit& h = r.hits[s_.group_of[v]];
+      h.identity = h.identity && identity;
+      h.placements.insert(member_phase_[v]);
+      h.values.push_back(v);
+      return;
+    }
+    if (IsStorageKind(x.kind)) return Dep(x, r);
+    if (x.kind == ValueKind::kView) {
+      const int32_t root = ViewRoot(g_, v);
+      const LValue& rx = g_.values[root];
+      if (IsStorageKind(rx.kind)) return Dep(rx, r);
+      if (s_.group_of[root] >= 0) {
+        Hit& h = r.hits[s_.group_of[root]];
+        if (!ViewIsAffine(g_, v)) h.forbidden = true;
+        h.identity = h.identity && identity && IsSqueezeView(g_, v);
+        h.placements.insert(member_phase_[root]);
+        h.values.push_back(root);
+        return;
+      }
+      return Visit(root, identity && IsSqueezeView(g_, v), r);
+    }
+    for (int32_t in : x.inputs) Visit(in, identity && NonUnit(g_.values[in].sizes) == NonUnit(x.sizes), r);
+  }
+
+  bool OrderOk(const Reach& r, int32_t gi) const {
+    const int32_t order = s_.groups[gi].order;
+    if (r.max_dep > order || barrier_ > order) return false;
+    for (const auto& [h, hit] : r.hits) {
+      if (h != gi && s_.groups[h].order > order) return false;
+    }
+    return true;
+  }
+
+  int32_t NewGroup(Group::Kind kind, std::vector<int64_t> shape) {
+    Group gr;
+    gr.kind = kind;
+    gr.shape = std::move(shape);
+    gr.order = static_cast<int32_t>(s_.items.size());
+    s_.items.push_back({false, static_cast<int32_t>(s_.groups.size())});
+    s_.groups.push_back(std::move(gr));
+    return static_cast<int32_t>(s_.groups.size()) - 1;
+  }
+
+  void AddMember(int32_t gi, int32_t v, bool phase) {
+    s_.groups[gi].members.push_back(v);
+    s_.groups[gi].in_phase.push_back(phase);
+    s_.group_of[v] = gi;
+    member_phase_[v] = phase;
+  }
+
+  void PlacePointwise(int32_t v) {
+    const LValue& x = g_.values[v];
+    Reach r;
+    for (int32_t in : x.inputs) Visit(in, NonUnit(g_.values[in].sizes) == NonUnit(x.sizes), r);
+    for (int32_t in : x.masked_inputs) {
+      const int32_t root = ViewRoot(g_, in);
+      if (s_.group_of[root] >= 0) r.hits[s_.group_of[root]].forbidden = true;  // must be loaded, not inlined
+    }
+    int32_t best = -1;
+    bool best_phase = false;
+    for (const auto& [gi, hit] : r.hits) {
+      const Group& gr = s_.groups[gi];
+      std::string why;
+      bool phase = false;
+      if (opt_.disable_fusion) {
+        why = "fusion disabled";
+      } else if (hit.forbidden) {
+        why = "reads a non-affine view of it";
+      } else if (!OrderOk(r, gi)) {
+        why = "reads a step or kernel scheduled after it";
+      } else if (gr.kind == Group::Kind::kPointwise) {
+        if (gr.shape != x.sizes) {
+          why = absl::StrCat("iteration shape ", Shape(gr.shape), " != ", Shape(x.sizes));
+        } else if (!hit.identity &&
+                   std::any_of(hit.values.begin(), hit.values.end(), [&](int32_t m) { return !g_.values[m].cheap; })) {
+          why = "reads a non-cheap member at another index (would compute it twice)";
+        }
+      } else if (!hit.identity || hit.placements.size() != 1) {
+        why = "reads the row op's result through a broadcast or view (needs another loop)";
+      } else {
+        phase = *hit.placements.begin();
+        const auto& hs = g_.values[hit.values[0]].sizes;
+        if (phase ? hs != x.sizes : NonUnit(hs) != NonUnit(x.sizes)) why = "shape differs from the row op's result";
+      }
+      if (!why.empty()) {
+        Log(absl::StrCat("refuse v", v, " (", x.op, ") into group ", gi, ": ", why));
+        continue;
+      }
+      if (best < 0 || gr.order > s_.groups[best].order) {
+        best = gi;
+        best_phase = phase;
+      }
+    }
+    if (best >= 0) {
+      Log(absl::StrCat("fuse v", v, " (", x.op, ") into group ", best,
+                       s_.groups[best].kind == Group::Kind::kRow ? (best_phase ? " as a phase epilogue" : " as an epilogue")
+                                                                 : " (vertical)"));
+      AddMember(best, v, best_phase);
+      return;
+    }
+    const int32_t gi = NewGroup(Group::Kind::kPointwise, x.sizes);
+    Log(absl::StrCat("new pointwise group ", gi, " ", Shape(x.sizes), " for v", v, " (", x.op, ")"));
+    AddMember(gi, v, false);
+  }
+
+  void PlaceRow(int32_t ri) {
+    const RowOp& row = g_.row_ops[ri];
+    Reach r;
+    for (int32_t in : row.inputs) Visit(in, false, r);
+    int32_t best = -1;
+    if (!row.composite) {
+      for (size_t gi = 0; gi < s_.groups.size(); ++gi) {
+        const Group& gr = s_.groups[gi];
+        if (gr.kind != Group::Kind::kRow || gr.shape != row.domain || gr.reduce_dims != row.reduce_dims) continue;
+        if (g_.row_ops[gr.row_ops[0]].composite) continue;
+        std::string why;
+        if (opt_.disable_fusion) {
+          why = "fusion disabled";
+        } else if (r.hits.count(static_cast<int32_t>(gi))) {
+          why = "reads its result";
+        } else if (!OrderOk(r, static_cast<int32_t>(gi))) {
+          why = "reads a step or kernel scheduled after it";
+        }
+        if (!why.empty()) {
+          Log(absl::StrCat("refuse sibling ", row.name, " (row", ri, ") into group ", gi, ": ", why));
+          continue;
+        }
+        if (best < 0 || gr.order > s_.groups[best].order) best = static_cast<int32_t>(gi);
+      }
+    }
+    if (best >= 0) {
+      Log(absl::StrCat("fuse ", row.name, " (row", ri, ") into group ", best, " (horizontal: same domain ",
+                       Shape(row.domain), " and reduce dims)"));
+    } else {
+      best = NewGroup(Group::Kind::kRow, row.domain);
+      s_.groups[best].reduce_dims = row.reduce_dims;
+      Log(absl::StrCat("new row group ", best, " for ", row.name, " (row", ri, ") domain ", Shape(row.domain)));
+    }
+    s_.groups[best].row_ops.push_back(ri);
+    for (const RowOutput& o : row.outputs) AddMember(best, o.value, o.in_phase);
+  }
+
+  void NeedRead(int32_t v, int32_t gi, std::vector<bool>& needed) {
+    const LValue& x = g_.values[v];
+    if (s_.group_of[v] == gi) return;
+    if (s_.group_of[v] >= 0) {
+      needed[v] = true;
+      return;
+    }
+    if (IsStorageKind(x.kind)) return;
+    if (x.kind == ValueKind::kView) {
+      const int32_t root = ViewRoot(g_, v);
+      if (s_.group_of[root] >= 0) {
+        if (s_.group_of[root] != gi || !ViewIsAffine(g_, v)) needed[root] = true;
+        return;
+      }
+      if (IsStorageKind(g_.values[root].kind)) return;
+      return NeedRead(root, gi, needed);
+    }
+    for (int32_t in : x.inputs) NeedRead(in, gi, needed);
+  }
+
+  void Prune() {
+    std::vector<bool> needed(g_.values.size(), false);
+    for (int32_t o : g_.outputs) {
+      if (o >= 0) needed[ViewRoot(g_, o)] = true;
+    }
+    for (const ExternStep& st : g_.steps) {
+      for (int32_t in : st.inputs) needed[ViewRoot(g_, in)] = true;
+    }
+    for (size_t gi = 0; gi < s_.groups.size(); ++gi) {
+      for (int32_t m : s_.groups[gi].members) {
+        for (int32_t in : g_.values[m].inputs) NeedRead(in, static_cast<int32_t>(gi), needed);
+      }
+    }
+    for (const LValue& v : g_.values) s_.stored[v.id] = IsStorageKind(v.kind);
+    for (size_t gi = 0; gi < s_.groups.size(); ++gi) {
+      for (int32_t m : s_.groups[gi].members) {
+        if (needed[m]) {
+          s_.groups[gi].stores.push_back(m);
+          s_.stored[m] = true;
+        } else {
+          Log(absl::StrCat("v", m, " (", g_.values[m].op, ") stays inside group ", gi, " (not stored)"));
+        }
+      }
+    }
+  }
+
+  const OpGraph& g_;
+  const FuseOptions opt_;
+  Schedule s_;
+  std::vector<bool> realized_;
+  std::vector<bool> member_phase_;
+  std::vector<int32_t> step_order_;
+  int32_t barrier_ = -1;  // the latest in-place step: nothing after it moves before it
+};
+
+}  // namespace
+
+absl::StatusOr<Schedule> ScheduleAndFuse(const OpGraph& g, const FuseOptions& options) {
+  return Fuser(g, options).Run();
+}
+
+std::string PrintSchedule(const OpGraph& g, const Schedule& s) {
+  std::string out;
+  for (const ScheduleItem& it : s.items) {
+    if (it.is_step) {
+      absl::StrAppend(&out, "step ", g.steps[it.index].target, g.steps[it.index].fallback ? " (fallback)" : "", "\n");
+      continue;
+    }
+    const Group& gr = s.groups[it.index];
+    absl::StrAppend(&out, "group ", it.index, gr.kind == Group::Kind::kRow ? " row " : " pointwise ", Shape(gr.shape),
+                    " members [", absl::StrJoin(gr.members, ", "), "] stores [", absl::StrJoin(gr.stores, ", "), "]\n");
+  }
+  return out;
+}
+
+}  // namespace kiln::lower

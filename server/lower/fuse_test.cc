@@ -1,0 +1,324 @@
+// Golden tests of the fused kernel IR (printer output) and negative tests where nothing fuses.
+// Graphs are written with the client's builders, run through PrepareGraph, LowerGraph,
+// ScheduleAndFuse and BuildKernels; every kernel is re-verified.
+
+#include "server/lower/fuse.h"
+
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "gtest/gtest.h"
+#include "server/graph/graph_path.h"
+#include "server/graph/test_graphs.h"
+#include "server/kernel/printer.h"
+#include "server/kernel/verifier.h"
+#include "server/lower/kernelize.h"
+#include "server/lower/lower.h"
+#include "server/lower/plan_builder.h"
+
+namespace kiln::lower {
+namespace {
+
+namespace v1 = ::kiln::v1;
+using namespace ::kiln::graph::testing;  // NOLINT: graph builders
+
+v1::ValueMeta C32(std::vector<int64_t> sizes, std::vector<int64_t> strides = {}, int64_t offset = 0) {
+  return T(v1::DTYPE_FLOAT32, std::move(sizes), std::move(strides), v1::DEVICE_KIND_CPU, offset);
+}
+
+struct Result {
+  graph::PreparedGraph prepared;
+  OpGraph ops;
+  Schedule schedule;
+  KernelSet kernels;
+  v1::Plan plan;
+  std::string text;  // every kernel, printed
+  int aten = 0;
+};
+
+Result Pipeline(const v1::Graph& g, bool disable_fusion = false) {
+  Result r;
+  v1::CompileRequest req = Request(g);
+  req.mutable_target()->Clear();
+  req.mutable_target()->set_device(v1::DEVICE_KIND_CPU);
+  req.mutable_target()->set_cpu_isa("x86-64");
+  auto prepared = graph::PrepareGraph(req, graph::GraphLimits(), graph::CompilerIdentity());
+  EXPECT_TRUE(prepared.ok()) << prepared.status();
+  if (!prepared.ok()) return r;
+  r.prepared = std::move(*prepared);
+  auto ops = LowerGraph(r.prepared.graph, r.prepared.fallback_nodes);
+  EXPECT_TRUE(ops.ok()) << ops.status();
+  if (!ops.ok()) return r;
+  r.ops = std::move(*ops);
+  auto s = ScheduleAndFuse(r.ops, FuseOptions{disable_fusion});
+  EXPECT_TRUE(s.ok()) << s.status();
+  r.schedule = std::move(*s);
+  auto ks = BuildKernels(r.ops, r.schedule);
+  EXPECT_TRUE(ks.ok()) << ks.status();
+  if (!ks.ok()) return r;
+  r.kernels = std::move(*ks);
+  std::vector<std::string> symbols;
+  for (const auto& k : r.kernels.kernels) {
+    EXPECT_TRUE(kernel::VerifyKernel(k.kernel).ok());
+    r.text += kernel::PrintKernel(k.kernel);
+    symbols.push_back(absl::StrCat("k", symbols.size()));
+  }
+  PlanStats stats;
+  auto plan = AssemblePlan(r.ops, r.schedule, r.kernels, symbols, 0, &stats);
+  EXPECT_TRUE(plan.ok()) << plan.status();
+  if (plan.ok()) r.plan = std::move(*plan);
+  r.aten = stats.extern_steps + stats.fallback_steps;
+  return r;
+}
+
+std::string Log(const Result& r) { return absl::StrJoin(r.schedule.log, "\n"); }
+
+// Compares with the expectation and prints the actual text between markers (to refresh goldens).
+void ExpectGolden(const std::string& name, const std::string& actual, const std::string& expected) {
+  if (actual != expected) std::cout << "<<<GOLDEN " << name << "\n" << actual << ">>>\n";
+  EXPECT_EQ(actual, expected) << name;
+}
+
+TEST(FuseTest, PointwiseChainGolden) {
+  GraphBuilder b;
+  b.Input("x", C32({8, 16})).Input("b", C32({16}))
+      .Call("add", "aten.add.Tensor", {Ref("x"), Ref("b")}, C32({8, 16}))
+      .Call("relu", "aten.relu.default", {Ref("add")}, C32({8, 16}))
+      .Call("mul", "aten.mul.Tensor", {Ref("relu"), F(0.5)}, C32({8, 16}))
+      .Output({"mul"});
+  const Result r = Pipeline(b.Build());
+  EXPECT_EQ(r.kernels.kernels.size(), 1u);
+  ExpectGolden("pointwise", r.text, R"(kernel "group 0: mul"
+  scalars: 0
+  buffers: b0: f32 read [128], b1: f32 read [16], b2: f32 write [128]
+  outer: o0 < 8, o1 < 16
+  body:
+    b2[16*o0 + o1] = mul(relu(add(load(b0, 16*o0 + o1), load(b1, o1))), 0.5:f32)
+)");
+}
+
+// gelu(x @ W + b), decomposed: mm stays an extern step; bias and GELU fuse after it; y = mm + b has
+// two consumers but is computed once per element inside the one kernel and never stored.
+TEST(FuseTest, MmWithGeluEpilogueGolden) {
+  GraphBuilder b;
+  b.Input("x", C32({6, 10})).Input("w", C32({10, 12})).Input("b", C32({12}))
+      .Call("mm", "aten.mm.default", {Ref("x"), Ref("w")}, C32({6, 12}))
+      .Call("y", "aten.add.Tensor", {Ref("mm"), Ref("b")}, C32({6, 12}))
+      .Call("half", "aten.mul.Tensor", {Ref("y"), F(0.5)}, C32({6, 12}))
+      .Call("scaled", "aten.mul.Tensor", {Ref("y"), F(0.7071067811865476)}, C32({6, 12}))
+      .Call("erf", "aten.erf.default", {Ref("scaled")}, C32({6, 12}))
+      .Call("one", "aten.add.Tensor", {Ref("erf"), I(1)}, C32({6, 12}))
+      .Call("out", "aten.mul.Tensor", {Ref("half"), Ref("one")}, C32({6, 12}))
+      .Output({"out"});
+  const Result r = Pipeline(b.Build());
+  EXPECT_EQ(r.kernels.kernels.size(), 1u);
+  EXPECT_EQ(r.aten, 1);
+  EXPECT_EQ(r.plan.workspace_bytes(), 0);
+  ExpectGolden("gelu", r.text, R"(kernel "group 0: mul"
+  scalars: 0
+  buffers: b0: f32 read [72], b1: f32 read [12], b2: f32 write [72]
+  outer: o0 < 6, o1 < 12
+  body:
+    b2[12*o0 + o1] = mul(mul(add(load(b0, 12*o0 + o1), load(b1, o1)), 0.5:f32), add(erf(mul(add(load(b0, 12*o0 + o1), load(b1, o1)), 0.70710676908493042:f32)), 1:f32))
+)");
+}
+
+TEST(FuseTest, SoftmaxGolden) {
+  GraphBuilder b;
+  b.Input("x", C32({16, 33}))
+      .Call("sm", "aten._softmax.default", {Ref("x"), I(1), B(false)}, C32({16, 33}))
+      .Output({"sm"});
+  const Result r = Pipeline(b.Build());
+  ExpectGolden("softmax", r.text, R"(kernel "group 0: _softmax"
+  scalars: 0
+  buffers: b0: f32 read [528], b1: f32 write [528]
+  outer: o0 < 16
+  reduce: r0 < 33
+  accumulators: a0: online_softmax f32
+  phase 0:
+    a0 <- load(b0, 33*o0 + r0)
+  phase 1:
+    b1[33*o0 + r0] = true_div(exp(sub(load(b0, 33*o0 + r0), a0.max)), a0.sum)
+  body:
+)");
+}
+
+TEST(FuseTest, LayerNormGolden) {
+  GraphBuilder b;
+  b.Input("x", C32({4, 5, 32})).Input("w", C32({32})).Input("bias", C32({32}))
+      .Call("ln", "aten.native_layer_norm.default", {Ref("x"), Ints({32}), Ref("w"), Ref("bias"), F(1e-5)},
+            Tuple({C32({4, 5, 32}), C32({4, 5, 1}), C32({4, 5, 1})}))
+      .Call("out", "operator.getitem", {Ref("ln"), I(0)}, C32({4, 5, 32}))
+      .Call("rstd", "operator.getitem", {Ref("ln"), I(2)}, C32({4, 5, 1}))
+      .Output({"out", "rstd"});
+  const Result r = Pipeline(b.Build());
+  ExpectGolden("layer_norm", r.text, R"(kernel "group 0: native_layer_norm+native_layer_norm+native_layer_norm"
+  scalars: 0
+  buffers: b0: f32 read [640], b1: f32 read [32], b2: f32 read [32], b3: f32 write [640], b4: f32 write [20]
+  outer: o0 < 4, o1 < 5
+  reduce: r0 < 32
+  accumulators: a0: welford f32
+  phase 0:
+    a0 <- load(b0, 160*o0 + 32*o1 + r0)
+  phase 1:
+    b3[160*o0 + 32*o1 + r0] = add(mul(mul(sub(load(b0, 160*o0 + 32*o1 + r0), a0.mean), rsqrt(add(true_div(a0.m2, a0.count), 9.9999997473787516e-06:f32))), load(b1, r0)), load(b2, r0))
+  body:
+    b4[5*o0 + o1] = rsqrt(add(true_div(a0.m2, a0.count), 9.9999997473787516e-06:f32))
+)");
+}
+
+TEST(FuseTest, SumAndSumOfSquaresSiblingsGolden) {
+  GraphBuilder b;
+  b.Input("x", C32({12, 40}))
+      .Call("s", "aten.sum.dim_IntList", {Ref("x"), Ints({1})}, C32({12}))
+      .Call("sq", "aten.mul.Tensor", {Ref("x"), Ref("x")}, C32({12, 40}))
+      .Call("ss", "aten.sum.dim_IntList", {Ref("sq"), Ints({1})}, C32({12}))
+      .Output({"s", "ss"});
+  const Result r = Pipeline(b.Build());
+  EXPECT_EQ(r.kernels.kernels.size(), 1u);
+  ExpectGolden("siblings", r.text, R"(kernel "group 0: sum+sum"
+  scalars: 0
+  buffers: b0: f32 read [480], b1: f32 write [12], b2: f32 write [12]
+  outer: o0 < 12
+  reduce: r0 < 40
+  accumulators: a0: sum f32, a1: sum f32
+  phase 0:
+    a0 <- load(b0, 40*o0 + r0)
+    a1 <- mul(load(b0, 40*o0 + r0), load(b0, 40*o0 + r0))
+  body:
+    b1[o0] = a0.value
+    b2[o0] = a1.value
+)");
+}
+
+TEST(FuseTest, ViewChainGolden) {
+  GraphBuilder b;
+  b.Input("x", C32({4, 6}))
+      .Call("v", "aten.view.default", {Ref("x"), Ints({2, 12})}, C32({2, 12}))
+      .Call("sl", "aten.slice.Tensor", {Ref("v"), I(1), I(2), I(10)}, C32({2, 8}, {12, 1}, 2))
+      .Call("p", "aten.permute.default", {Ref("sl"), Ints({1, 0})}, C32({8, 2}, {1, 12}, 2))
+      .Call("e", "aten.neg.default", {Ref("p")}, C32({8, 2}, {1, 8}))
+      .Output({"e"});
+  const Result r = Pipeline(b.Build());
+  ExpectGolden("view_chain", r.text, R"(kernel "group 0: neg"
+  scalars: 0
+  buffers: b0: f32 read [20], b1: f32 write [16]
+  outer: o0 < 8, o1 < 2
+  body:
+    b1[o0 + 8*o1] = neg(load(b0, o0 + 12*o1))
+)");
+  // The kernel reads the input through a STORAGE_VIEW value: no copy.
+  ASSERT_EQ(r.plan.steps_size(), 1);
+  const v1::PlanValue& arg = r.plan.values(r.plan.steps(0).kernel().args(0));
+  EXPECT_EQ(arg.storage(), v1::PlanValue::STORAGE_VIEW);
+  EXPECT_EQ(arg.offset(), 2);
+}
+
+// Views of computed intermediates fold into index expressions (no copy, no extra kernel).
+TEST(FuseTest, ViewOfIntermediateFoldsIntoIndex) {
+  GraphBuilder b;
+  b.Input("x", C32({4, 6}))
+      .Call("e", "aten.exp.default", {Ref("x")}, C32({4, 6}))
+      .Call("v", "aten.view.default", {Ref("e"), Ints({2, 2, 6})}, C32({2, 2, 6}))
+      .Call("p", "aten.permute.default", {Ref("v"), Ints({2, 0, 1})}, C32({6, 2, 2}, {1, 12, 6}))
+      .Call("n", "aten.neg.default", {Ref("p")}, C32({6, 2, 2}, {1, 12, 6}))
+      .Output({"n"});
+  const Result r = Pipeline(b.Build());
+  EXPECT_EQ(r.kernels.kernels.size(), 1u) << r.text;
+  EXPECT_EQ(r.plan.workspace_bytes(), 0);
+}
+
+// Negative: two pointwise ops separated by an mm never fuse; the mm's input is stored.
+TEST(FuseTest, NothingFusesAcrossMm) {
+  GraphBuilder b;
+  b.Input("x", C32({4, 8})).Input("w", C32({8, 8}))
+      .Call("a", "aten.exp.default", {Ref("x")}, C32({4, 8}))
+      .Call("mm", "aten.mm.default", {Ref("a"), Ref("w")}, C32({4, 8}))
+      .Call("c", "aten.tanh.default", {Ref("mm")}, C32({4, 8}))
+      .Output({"c"});
+  const Result r = Pipeline(b.Build());
+  EXPECT_EQ(r.kernels.kernels.size(), 2u);
+  ASSERT_EQ(r.plan.steps_size(), 3);
+  EXPECT_TRUE(r.plan.steps(0).has_kernel());
+  EXPECT_TRUE(r.plan.steps(1).has_aten());
+  EXPECT_TRUE(r.plan.steps(2).has_kernel());
+  EXPECT_EQ(r.plan.workspace_bytes(), 128);  // exp(x) lives in the workspace
+  EXPECT_TRUE(absl::StrContains(Log(r), "realize v2 (exp): read by step aten.mm.default")) << Log(r);
+}
+
+// Negative: a consumer that broadcasts a reduction over the row needs another loop.
+TEST(FuseTest, BroadcastOfReductionIsRefused) {
+  GraphBuilder b;
+  b.Input("x", C32({4, 8}))
+      .Call("s", "aten.sum.dim_IntList", {Ref("x"), Ints({1}), B(true)}, C32({4, 1}))
+      .Call("d", "aten.div.Tensor", {Ref("x"), Ref("s")}, C32({4, 8}))
+      .Output({"d"});
+  const Result r = Pipeline(b.Build());
+  EXPECT_EQ(r.kernels.kernels.size(), 2u);
+  EXPECT_TRUE(absl::StrContains(Log(r), "refuse v2 (div) into group 0")) << Log(r);
+}
+
+TEST(FuseTest, DisableFusionGivesOneKernelPerOp) {
+  GraphBuilder b;
+  b.Input("x", C32({8, 16})).Input("b", C32({16}))
+      .Call("add", "aten.add.Tensor", {Ref("x"), Ref("b")}, C32({8, 16}))
+      .Call("relu", "aten.relu.default", {Ref("add")}, C32({8, 16}))
+      .Call("s", "aten.sum.dim_IntList", {Ref("relu"), Ints({1})}, C32({8}))
+      .Output({"s"});
+  EXPECT_EQ(Pipeline(b.Build(), false).kernels.kernels.size(), 1u);
+  const Result r = Pipeline(b.Build(), true);
+  EXPECT_EQ(r.kernels.kernels.size(), 3u);
+  // add and relu's results are workspace intermediates that reuse memory by liveness.
+  EXPECT_EQ(r.plan.workspace_bytes(), 2 * 512);
+}
+
+// Unsupported ops become counted fallbacks; the graph still compiles around them.
+TEST(FuseTest, UnsupportedOpsFallBack) {
+  GraphBuilder b;
+  b.Input("x", C32({4, 8}))
+      .Call("a", "aten.exp.default", {Ref("x")}, C32({4, 8}))
+      .Call("c", "aten.cumsum.default", {Ref("a"), I(1)}, C32({4, 8}))
+      .Call("d", "aten.neg.default", {Ref("c")}, C32({4, 8}))
+      .Output({"d"});
+  const Result r = Pipeline(b.Build());
+  EXPECT_EQ(r.kernels.kernels.size(), 2u);
+  ASSERT_EQ(r.plan.steps_size(), 3);
+  EXPECT_TRUE(r.plan.steps(1).aten().fallback());
+  EXPECT_EQ(r.plan.steps(1).aten().target(), "aten.cumsum.default");
+}
+
+// A view op run by torch (reshape is not lowered) may return an alias of its input: the input
+// gets its own allocation instead of workspace bytes that a later kernel could reuse.
+TEST(FuseTest, AliasingStepInputsAreNotWorkspace) {
+  GraphBuilder b;
+  b.Input("x", C32({4, 6}))
+      .Call("e", "aten.exp.default", {Ref("x")}, C32({4, 6}))
+      .Call("r", "aten.reshape.default", {Ref("e"), Ints({24})}, C32({24}))
+      .Call("n", "aten.neg.default", {Ref("r")}, C32({24}))
+      .Output({"n"});
+  const Result r = Pipeline(b.Build());
+  EXPECT_EQ(r.plan.workspace_bytes(), 0);
+  ASSERT_TRUE(r.plan.steps(1).has_aten());
+  const int32_t arg = std::stoi(r.plan.steps(1).aten().args(0).node().substr(1));
+  EXPECT_EQ(r.plan.values(arg).storage(), v1::PlanValue::STORAGE_OUTPUT);
+}
+
+// The realistic graphs of server/graph lower, fuse and plan without error.
+TEST(FuseTest, TestGraphsPlan) {
+  for (const v1::Graph& g : {MlpForward(), MlpBackward(), ConvBlock()}) {
+    const Result r = Pipeline(g);
+    EXPECT_GT(r.plan.steps_size(), 0) << g.debug_name();
+  }
+  // AttentionBlock returns whole tuples as graph outputs (AOTAutograd never does): refused cleanly.
+  auto prepared = graph::PrepareGraph(Request(AttentionBlock()), graph::GraphLimits(), graph::CompilerIdentity());
+  ASSERT_TRUE(prepared.ok()) << prepared.status();
+  auto ops = LowerGraph(prepared->graph, prepared->fallback_nodes);
+  EXPECT_EQ(ops.status().code(), absl::StatusCode::kUnimplemented) << ops.status();
+}
+
+}  // namespace
+}  // namespace kiln::lower

@@ -1,0 +1,33 @@
+#ifndef KILN_SERVER_LOWER_LOWER_H_
+#define KILN_SERVER_LOWER_LOWER_H_
+
+// LowerGraph: a verified graph (server/graph) -> the op-level representation (op_graph.h).
+//
+// Takes a Graph that passed VerifyGraph and the indices of its fallback nodes. Every call node
+// becomes exactly one of:
+//   * a pointwise value (registry pointwise ops, casts, copies, fills and factory constants):
+//     an element function with torch's broadcasting and type promotion, scalars as exact literals;
+//   * a view (registry view ops): no computation, just the node's sizes/strides/offset;
+//   * a row op (reductions sum/mean/prod/amax/amin/max/min/argmax/argmin/any/all/var/std/var_mean,
+//     _softmax, _log_softmax, native_layer_norm);
+//   * an extern step (registry extern ops: mm, bmm, addmm, baddbmm, convolution, ...), or a
+//     fallback step (fallback nodes, and any op or dtype this file cannot lower; its reason is
+//     recorded). getitem nodes only select a tuple item.
+// Guarantees: unsupported things never produce wrong code: they become fallback steps.
+// Errors: UNIMPLEMENTED for graphs with symbolic sizes or non-tensor values that a step would
+// need (the client runs them eagerly); INTERNAL for inconsistencies.
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "server/graph/ir.h"
+#include "server/lower/op_graph.h"
+
+namespace kiln::lower {
+
+absl::StatusOr<OpGraph> LowerGraph(const graph::Graph& graph, const std::vector<int32_t>& fallback_nodes);
+
+}  // namespace kiln::lower
+
+#endif  // KILN_SERVER_LOWER_LOWER_H_

@@ -1,0 +1,319 @@
+// Normalization ops -> RowOps: native_layer_norm_backward, batch norm (training, functional
+// running-stat updates, inference) and its backward (see lower.h and op_graph.h).
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "server/graph/op_registry.h"
+#include "server/kernel/status_macros.h"
+#include "server/lower/lower_internal.h"
+
+namespace kiln::lower::internal {
+
+using graph::Arg;
+using graph::Node;
+using graph::Type;
+using k::AccField;
+using k::AccKind;
+using k::ExprOr;
+using k::ScalarType;
+
+// native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, weight?, bias?, mask):
+// grad_input is one kernel per row (sums of g and g * xhat, g = grad_out * weight); grad_weight
+// and grad_bias are one column reduction over the leading dims (sums of grad_out * xhat, grad_out).
+absl::Status LowerLayerNormBackward(Lowerer& l, int32_t node_index) {
+  const Node& n = l.graph().nodes[node_index];
+  if (n.args.size() < 8 || n.args[2].kind != Arg::Kind::kList || n.type.kind != Type::Kind::kList ||
+      n.type.items.size() != 3) {
+    return absl::UnimplementedError("layer norm backward arguments");
+  }
+  KILN_ASSIGN_OR_RETURN(const int32_t go, l.KernelValueOf(n.args[0]));
+  KILN_ASSIGN_OR_RETURN(const int32_t x, l.KernelValueOf(n.args[1]));
+  KILN_ASSIGN_OR_RETURN(const int32_t mean, l.KernelValueOf(n.args[3]));
+  KILN_ASSIGN_OR_RETURN(const int32_t rstd, l.KernelValueOf(n.args[4]));
+  int32_t w = -1;
+  if (n.args[5].kind == Arg::Kind::kValue) {
+    KILN_ASSIGN_OR_RETURN(w, l.KernelValueOf(n.args[5]));
+  }
+  const LValue& in = l.g().values[x];
+  const int rank = static_cast<int>(in.sizes.size());
+  const int nd = static_cast<int>(n.args[2].list.size());
+  if (!k::IsFloatType(in.dtype) || nd < 1 || nd >= rank || l.g().values[go].sizes != in.sizes) {
+    return absl::UnimplementedError("layer norm backward shapes");
+  }
+  for (int32_t s : {mean, rstd}) {
+    if (l.g().values[s].sizes.size() != in.sizes.size()) return absl::UnimplementedError("layer norm stats rank");
+  }
+  int64_t count = 1;
+  for (int d = rank - nd; d < rank; ++d) count *= in.sizes[d];
+  const ScalarType ct = ComputeType(in.dtype);
+  const std::vector<int64_t> ms = l.g().values[mean].sizes, rs = l.g().values[rstd].sizes;
+  const std::vector<int64_t> ws = w >= 0 ? l.g().values[w].sizes : std::vector<int64_t>{};
+  const ElemFn xhat = [=](LoadContext& ctx, const std::vector<Affine>& idx) -> ExprOr {
+    return k::Mul(k::Sub(LoadAs(x, ct)(ctx, idx), LoadAs(mean, ct)(ctx, BroadcastIndex(ms, idx))),
+                  LoadAs(rstd, ct)(ctx, BroadcastIndex(rs, idx)));
+  };
+  const ElemFn gw = [=](LoadContext& ctx, const std::vector<Affine>& idx) -> ExprOr {
+    ExprOr g = LoadAs(go, ct)(ctx, idx);
+    if (w >= 0) g = k::Mul(g, LoadAs(w, ct)(ctx, BroadcastIndex(ws, idx)));
+    return g;
+  };
+  std::vector<int32_t> items(3, -1);
+  auto wants = [&](int i) {
+    return n.type.items[i].kind == Type::Kind::kTensor && n.args[7].kind == Arg::Kind::kList &&
+           static_cast<int>(n.args[7].list.size()) == 3 && n.args[7].list[i].b;
+  };
+  std::vector<int32_t> inputs = {go, x, mean, rstd};
+  if (w >= 0) inputs.push_back(w);
+  if (wants(0)) {
+    RowBuilder a{l, node_index, n, RowOp{}, {}};
+    a.row.name = "native_layer_norm_backward";
+    a.row.domain = in.sizes;
+    for (int d = rank - nd; d < rank; ++d) a.row.reduce_dims.push_back(d);
+    a.row.inputs = inputs;
+    a.row.composite = true;
+    a.row.accs.push_back({AccKind::kSum, ct, gw});
+    a.row.accs.push_back({AccKind::kSum, ct, [=](LoadContext& ctx, const std::vector<Affine>& idx) {
+                            return k::Mul(gw(ctx, idx), xhat(ctx, idx));
+                          }});
+    auto st = ToScalarType(n.type.items[0].tensor.dtype);
+    if (!st) return absl::UnimplementedError("grad_input dtype");
+    const ScalarType out = *st;
+    KILN_RETURN_IF_ERROR(a.Output(0, true, [=](LoadContext& ctx, const AccReader& acc, const std::vector<Affine>& idx) {
+      const ExprOr nn = LiteralF(ct, static_cast<double>(count));
+      const ExprOr inner = k::Sub(k::Sub(k::Mul(nn, gw(ctx, idx)), acc(0, AccField::kValue)),
+                                  k::Mul(xhat(ctx, idx), acc(1, AccField::kValue)));
+      return k::Cast(out, k::Mul(k::Div(LoadAs(rstd, ct)(ctx, BroadcastIndex(rs, idx)), nn), inner));
+    }));
+    std::vector<int32_t> ids;
+    KILN_RETURN_IF_ERROR(a.Finish(&ids));
+    items[0] = ids[0];
+  }
+  if (wants(1) || wants(2)) {
+    RowBuilder c{l, node_index, n, RowOp{}, {}};
+    c.row.name = "native_layer_norm_backward_params";
+    c.row.domain = in.sizes;
+    for (int d = 0; d < rank - nd; ++d) c.row.reduce_dims.push_back(d);
+    c.row.inputs = inputs;
+    c.row.accs.push_back({AccKind::kSum, ct, [=](LoadContext& ctx, const std::vector<Affine>& idx) {
+                            return k::Mul(LoadAs(go, ct)(ctx, idx), xhat(ctx, idx));
+                          }});
+    c.row.accs.push_back({AccKind::kSum, ct, LoadAs(go, ct)});
+    std::vector<int> which;
+    for (int i : {1, 2}) {
+      if (!wants(i)) continue;
+      auto st = ToScalarType(n.type.items[i].tensor.dtype);
+      if (!st) return absl::UnimplementedError("grad_weight dtype");
+      const ScalarType out = *st;
+      const int acc_index = i - 1;
+      KILN_RETURN_IF_ERROR(c.Output(i, false, [=](LoadContext&, const AccReader& acc, const std::vector<Affine>&) {
+        return k::Cast(out, acc(acc_index, AccField::kValue));
+      }));
+      which.push_back(i);
+    }
+    std::vector<int32_t> ids;
+    KILN_RETURN_IF_ERROR(c.Finish(&ids));
+    for (size_t j = 0; j < which.size(); ++j) items[which[j]] = ids[j];
+  }
+  l.SetItems(node_index, items);
+  return absl::OkStatus();
+}
+
+// Batch norm over the channel dim 1 of [N, C, ...]: the statistics reduce every other dim.
+//   _native_batch_norm_legit_functional(x, w?, b?, running_mean, running_var, training, momentum,
+//     eps) -> (out, save_mean, save_invstd, new_running_mean, new_running_var): one kernel per
+//     channel (Welford in phase 0, out in phase 1, the per-channel results in the body);
+//   _native_batch_norm_legit_no_training(x, w?, b?, rm, rv, momentum, eps) -> (out, empty, empty):
+//     pointwise (the empty results are not values);
+//   native_batch_norm_backward(go, x, w?, rm?, rv?, save_mean?, save_invstd?, train, eps, mask)
+//     -> (grad_input, grad_weight, grad_bias): one kernel per channel (sums of go, go * xhat).
+absl::Status LowerBatchNorm(Lowerer& l, int32_t node_index) {
+  const Node& n = l.graph().nodes[node_index];
+  const std::string& name = n.op->schema.name;
+  const bool bwd = name == "native_batch_norm_backward";
+  const size_t want_items = name == "_native_batch_norm_legit_functional" ? 5 : 3;
+  if (n.type.kind != Type::Kind::kList || n.type.items.size() != want_items) {
+    return absl::UnimplementedError("batch norm result");
+  }
+  auto opt = [&](int i) -> absl::StatusOr<int32_t> {
+    if (i >= static_cast<int>(n.args.size()) || n.args[i].kind == Arg::Kind::kNone) return -1;
+    return l.KernelValueOf(n.args[i]);
+  };
+  auto real = [&](int i) -> double {
+    const Arg& a = n.args[i];
+    return a.kind == Arg::Kind::kFloat ? a.f : static_cast<double>(a.i);
+  };
+  const int xi = bwd ? 1 : 0;
+  KILN_ASSIGN_OR_RETURN(const int32_t x, l.KernelValueOf(n.args[xi]));
+  const LValue& in = l.g().values[x];
+  const int rank = static_cast<int>(in.sizes.size());
+  if (rank < 2 || !k::IsFloatType(in.dtype)) return absl::UnimplementedError("batch norm input");
+  const int64_t channels = in.sizes[1];
+  int64_t count = 1;
+  std::vector<int> reduce;
+  for (int d = 0; d < rank; ++d) {
+    if (d == 1) continue;
+    reduce.push_back(d);
+    count *= in.sizes[d];
+  }
+  const ScalarType ct = ComputeType(in.dtype);
+  // Per-channel vectors are read at [c]: from a domain index, or from a body index [c] / [1, c, 1..].
+  auto chan = [](const std::vector<Affine>& idx) { return std::vector<Affine>{idx.size() == 1 ? idx[0] : idx[1]}; };
+  auto per_channel = [&](int32_t v) -> bool {
+    return v < 0 || l.g().values[v].sizes == std::vector<int64_t>{channels};
+  };
+  auto out_type = [&](int i) -> absl::StatusOr<ScalarType> {
+    if (n.type.items[i].kind != Type::Kind::kTensor) return absl::UnimplementedError("batch norm item");
+    auto st = ToScalarType(n.type.items[i].tensor.dtype);
+    if (!st) return absl::UnimplementedError("batch norm dtype");
+    return *st;
+  };
+  if (!bwd) {
+    KILN_ASSIGN_OR_RETURN(const int32_t w, opt(1));
+    KILN_ASSIGN_OR_RETURN(const int32_t b, opt(2));
+    KILN_ASSIGN_OR_RETURN(const int32_t rm, opt(3));
+    KILN_ASSIGN_OR_RETURN(const int32_t rv, opt(4));
+    const bool training = name == "_native_batch_norm_legit_functional";
+    if (training && n.args[5].kind == Arg::Kind::kBool && !n.args[5].b) {
+      return absl::UnimplementedError("functional batch norm with training=False");
+    }
+    const double momentum = real(training ? 6 : 5), eps = real(training ? 7 : 6);
+    if (!per_channel(w) || !per_channel(b) || rm < 0 || rv < 0 || !per_channel(rm) || !per_channel(rv)) {
+      return absl::UnimplementedError("batch norm parameter shapes");
+    }
+    KILN_ASSIGN_OR_RETURN(const ScalarType out, out_type(0));
+    auto affine = [=](LoadContext& ctx, const std::vector<Affine>& idx, ExprOr y) -> ExprOr {
+      if (w >= 0) y = k::Mul(y, LoadAs(w, ct)(ctx, chan(idx)));
+      if (b >= 0) y = k::Add(y, LoadAs(b, ct)(ctx, chan(idx)));
+      return k::Cast(out, y);
+    };
+    if (!training) {
+      KILN_ASSIGN_OR_RETURN(LValue v, l.NewValue(node_index, n.type.items[0].tensor, ValueKind::kPointwise));
+      if (v.sizes != in.sizes) return absl::UnimplementedError("batch norm output shape");
+      v.op = "batch_norm";
+      v.inputs = {x, rm, rv};
+      if (w >= 0) v.inputs.push_back(w);
+      if (b >= 0) v.inputs.push_back(b);
+      v.elem = [=](LoadContext& ctx, const std::vector<Affine>& idx) -> ExprOr {
+        const ExprOr invstd = k::Unary(k::UnaryOp::kRsqrt, k::Add(LoadAs(rv, ct)(ctx, chan(idx)), LiteralF(ct, eps)));
+        return affine(ctx, idx, k::Mul(k::Sub(LoadAs(x, ct)(ctx, idx), LoadAs(rm, ct)(ctx, chan(idx))), invstd));
+      };
+      std::vector<int32_t> items = {l.Add(std::move(v)), -1, -1};
+      for (int i : {1, 2}) {  // empty save_mean / save_invstd: values without elements
+        if (n.type.items[i].kind != Type::Kind::kTensor) continue;
+        KILN_ASSIGN_OR_RETURN(LValue e, l.NewValue(node_index, n.type.items[i].tensor, ValueKind::kPointwise));
+        if (e.numel() != 0) return absl::UnimplementedError("inference batch norm with statistics");
+        e.op = "empty";
+        e.cheap = true;
+        const ScalarType et = e.dtype;
+        e.elem = [et](LoadContext&, const std::vector<Affine>&) { return k::Cast(et, k::ConstInt(ScalarType::kInt64, 0)); };
+        items[i] = l.Add(std::move(e));
+      }
+      l.SetItems(node_index, items);
+      return absl::OkStatus();
+    }
+    RowBuilder rb{l, node_index, n, RowOp{}, {}};
+    rb.row.name = "batch_norm";
+    rb.row.domain = in.sizes;
+    rb.row.reduce_dims = reduce;
+    rb.row.inputs = {x, rm, rv};
+    if (w >= 0) rb.row.inputs.push_back(w);
+    if (b >= 0) rb.row.inputs.push_back(b);
+    rb.row.composite = true;
+    rb.row.accs.push_back({AccKind::kWelford, ct, LoadAs(x, ct)});
+    auto var = [=](const AccReader& a) { return k::Div(a(0, AccField::kM2), a(0, AccField::kCount)); };
+    auto invstd = [=](const AccReader& a) { return k::Unary(k::UnaryOp::kRsqrt, k::Add(var(a), LiteralF(ct, eps))); };
+    KILN_RETURN_IF_ERROR(rb.Output(0, true, [=](LoadContext& ctx, const AccReader& a, const std::vector<Affine>& idx) {
+      return affine(ctx, idx, k::Mul(k::Sub(LoadAs(x, ct)(ctx, idx), a(0, AccField::kMean)), invstd(a)));
+    }));
+    std::vector<ScalarType> types;
+    for (int i = 1; i < 5; ++i) {
+      KILN_ASSIGN_OR_RETURN(ScalarType t, out_type(i));
+      types.push_back(t);
+    }
+    const double unbias = count > 1 ? static_cast<double>(count) / static_cast<double>(count - 1) : 1.0;
+    KILN_RETURN_IF_ERROR(rb.Output(1, false, [=](LoadContext&, const AccReader& a, const std::vector<Affine>&) {
+      return k::Cast(types[0], a(0, AccField::kMean));
+    }));
+    KILN_RETURN_IF_ERROR(rb.Output(2, false, [=](LoadContext&, const AccReader& a, const std::vector<Affine>&) {
+      return k::Cast(types[1], invstd(a));
+    }));
+    KILN_RETURN_IF_ERROR(rb.Output(3, false, [=](LoadContext& ctx, const AccReader& a, const std::vector<Affine>& idx) {
+      return k::Cast(types[2], k::Add(k::Mul(LiteralF(ct, 1 - momentum), LoadAs(rm, ct)(ctx, chan(idx))),
+                                      k::Mul(LiteralF(ct, momentum), a(0, AccField::kMean))));
+    }));
+    KILN_RETURN_IF_ERROR(rb.Output(4, false, [=](LoadContext& ctx, const AccReader& a, const std::vector<Affine>& idx) {
+      return k::Cast(types[3], k::Add(k::Mul(LiteralF(ct, 1 - momentum), LoadAs(rv, ct)(ctx, chan(idx))),
+                                      k::Mul(LiteralF(ct, momentum * unbias), var(a))));
+    }));
+    return rb.Finish();
+  }
+  // Backward.
+  KILN_ASSIGN_OR_RETURN(const int32_t go, l.KernelValueOf(n.args[0]));
+  KILN_ASSIGN_OR_RETURN(const int32_t w, opt(2));
+  KILN_ASSIGN_OR_RETURN(const int32_t rm, opt(3));
+  KILN_ASSIGN_OR_RETURN(const int32_t rv, opt(4));
+  KILN_ASSIGN_OR_RETURN(const int32_t sm, opt(5));
+  KILN_ASSIGN_OR_RETURN(const int32_t si, opt(6));
+  if (n.args.size() < 10 || n.args[7].kind != Arg::Kind::kBool || n.args[9].kind != Arg::Kind::kList ||
+      n.args[9].list.size() != 3 || l.g().values[go].sizes != in.sizes) {
+    return absl::UnimplementedError("batch norm backward arguments");
+  }
+  const bool train = n.args[7].b;
+  const double eps = real(8);
+  const int32_t mean = train ? sm : rm, stat = train ? si : rv;
+  if (mean < 0 || stat < 0 || !per_channel(mean) || !per_channel(stat) || !per_channel(w)) {
+    return absl::UnimplementedError("batch norm backward statistics");
+  }
+  auto invstd = [=](LoadContext& ctx, const std::vector<Affine>& idx) -> ExprOr {
+    const ExprOr s = LoadAs(stat, ct)(ctx, chan(idx));
+    return train ? s : k::Unary(k::UnaryOp::kRsqrt, k::Add(s, LiteralF(ct, eps)));
+  };
+  const ElemFn xhat = [=](LoadContext& ctx, const std::vector<Affine>& idx) -> ExprOr {
+    return k::Mul(k::Sub(LoadAs(x, ct)(ctx, idx), LoadAs(mean, ct)(ctx, chan(idx))), invstd(ctx, idx));
+  };
+  RowBuilder rb{l, node_index, n, RowOp{}, {}};
+  rb.row.name = "batch_norm_backward";
+  rb.row.domain = in.sizes;
+  rb.row.reduce_dims = reduce;
+  rb.row.inputs = {go, x, mean, stat};
+  if (w >= 0) rb.row.inputs.push_back(w);
+  rb.row.accs.push_back({AccKind::kSum, ct, LoadAs(go, ct)});
+  rb.row.accs.push_back({AccKind::kSum, ct, [=](LoadContext& ctx, const std::vector<Affine>& idx) {
+                           return k::Mul(LoadAs(go, ct)(ctx, idx), xhat(ctx, idx));
+                         }});
+  std::vector<int32_t> items(3, -1);
+  std::vector<int> which;
+  for (int i = 0; i < 3; ++i) {
+    if (!n.args[9].list[i].b || n.type.items[i].kind != Type::Kind::kTensor) continue;
+    KILN_ASSIGN_OR_RETURN(const ScalarType out, out_type(i));
+    which.push_back(i);
+    if (i == 0) {
+      rb.row.composite = true;
+      KILN_RETURN_IF_ERROR(rb.Output(0, true, [=](LoadContext& ctx, const AccReader& a, const std::vector<Affine>& idx) {
+        ExprOr scale = invstd(ctx, idx);
+        if (w >= 0) scale = k::Mul(scale, LoadAs(w, ct)(ctx, chan(idx)));
+        ExprOr g = LoadAs(go, ct)(ctx, idx);
+        if (train) {
+          const ExprOr nn = LiteralF(ct, static_cast<double>(count));
+          g = k::Sub(k::Sub(g, k::Div(a(0, AccField::kValue), nn)), k::Mul(xhat(ctx, idx), k::Div(a(1, AccField::kValue), nn)));
+        }
+        return k::Cast(out, k::Mul(scale, g));
+      }));
+    } else {
+      const int acc = i == 1 ? 1 : 0;  // grad_weight = sum(go * xhat), grad_bias = sum(go)
+      KILN_RETURN_IF_ERROR(rb.Output(i, false, [=](LoadContext&, const AccReader& a, const std::vector<Affine>&) {
+        return k::Cast(out, a(acc, AccField::kValue));
+      }));
+    }
+  }
+  if (which.empty()) return absl::UnimplementedError("batch norm backward computes nothing");
+  std::vector<int32_t> ids;
+  KILN_RETURN_IF_ERROR(rb.Finish(&ids));
+  for (size_t j = 0; j < which.size(); ++j) items[which[j]] = ids[j];
+  l.SetItems(node_index, items);
+  return absl::OkStatus();
+}
+
+}  // namespace kiln::lower::internal
