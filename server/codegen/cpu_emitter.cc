@@ -411,6 +411,10 @@ std::string CpuKernelEmitter::IndexCode(const Index& index) {
   return absl::StrJoin(parts, " + ");
 }
 
+std::string CpuKernelEmitter::LoadExprCode(const ExprNode& e) {
+  return LoadCode(e.buffer, IndexCode(e.index));
+}
+
 std::string CpuKernelEmitter::LoadCode(const Buffer& b, const std::string& index) const {
   const std::string raw = absl::StrCat("b", b.index, "[", index, "]");
   if (b.dtype == ScalarType::kBFloat16) return absl::StrCat("kiln_cpu::bf16_to_f32(", raw, ")");
@@ -448,7 +452,7 @@ std::string CpuKernelEmitter::ExprCode(const Expr& e) {
       return acc;
     }
     case ExprKind::kLoad:
-      code = LoadCode(e->buffer, IndexCode(e->index));
+      code = LoadExprCode(*e);
       if (!e->args.empty()) {  // masked: no memory access where the mask is false
         code = absl::StrCat(ExprCode(e->args[0]), " ? ", code, " : ", ValueType(e->type), "(0)");
       }

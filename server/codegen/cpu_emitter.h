@@ -84,7 +84,10 @@ class CpuKernelEmitter {
   std::string ExprCode(const kernel::Expr& e);
   std::string IndexCode(const kernel::Index& index);
   std::string SizeCode(const kernel::Size& s);  // a literal or a hoisted z<k>
-  std::string LoadCode(const kernel::Buffer& b, const std::string& index) const;
+  // A load node's code without its mask (ExprCode adds that). The CUDA emitter overrides it to
+  // read vector lanes and registers that cache a row.
+  virtual std::string LoadExprCode(const kernel::ExprNode& e);
+  virtual std::string LoadCode(const kernel::Buffer& b, const std::string& index) const;
   void EmitStmt(const kernel::Stmt& s);
   void EmitLanePhase(size_t p);
   void PushScope() { scopes_.emplace_back(); }

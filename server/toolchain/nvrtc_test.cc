@@ -25,6 +25,9 @@ NvrtcOptions Options() {
   NvrtcOptions o;
   o.worker = absl::StrCat(getenv("TEST_SRCDIR"), "/", getenv("TEST_WORKSPACE"),
                           "/server/toolchain/kiln_nvrtc_worker");
+#ifdef __SANITIZE_ADDRESS__
+  o.memory_limit_bytes = 0;  // an ASan-built worker reserves terabytes of address space
+#endif
   return o;
 }
 

@@ -1,0 +1,172 @@
+#ifndef KILN_KERNELS_CUDA_KILN_CUDA_REDUCE_CUH_
+#define KILN_KERNELS_CUDA_KILN_CUDA_REDUCE_CUH_
+
+// Accumulators and group reductions of generated CUDA row kernels (see server/kernel/kernel_ir.h,
+// AccKind, and server/codegen/cuda_emitter.h for the thread layouts). Each thread folds its share
+// of a row into a thread-local accumulator (same Update rules as kernels/cpu/kiln_reduce.h); a
+// phase ends with an all-reduce over the threads of the row, after which every thread holds the
+// same combined accumulator (results are broadcast for later phases):
+//   * warp_allreduce: the row's threads are one warp (butterfly of shuffles; each pair combines
+//     (lower lane, higher lane) in that order, so every lane computes bit-identical results even
+//     for the non-commutative Welford merge);
+//   * block_allreduce: the row's threads are the whole block (warp all-reduce, then each thread
+//     folds the per-warp results from shared memory in warp order);
+//   * column_allreduce: thread t of a block serves point t % rx with lane t / rx (column
+//     reductions: coalesced across points); partials meet in shared memory.
+// Merges: sum/prod/max/min through SumOp/ProdOp/MaxOp/MinOp (NaN-propagating), argmax/argmin with
+// torch's rule (NaN is the extreme, the smallest index wins ties), Welford by Chan et al.,
+// online softmax by rescaling to the larger max. fp32 state for half/bf16 inputs (the IR's
+// accumulators are f32/f64 there already).
+
+#include "kernels/cuda/kiln_cuda_math.cuh"
+
+namespace kiln_cuda {
+
+template <typename T> struct ArgMax {
+  T value = lowest<T>();
+  int64_t index = -1;
+  KILN_DEV void Update(T x, int64_t i) {
+    if (index < 0 || (!(value != value) && (x != x || x > value))) { value = x; index = i; }
+  }
+  // Any two partials (their index sets may interleave): NaN first, then larger, then smaller index.
+  KILN_DEV void Merge(const ArgMax& b) {
+    if (b.index < 0) return;
+    if (index < 0) { *this = b; return; }
+    const bool a_nan = value != value, b_nan = b.value != b.value;
+    bool take;
+    if (a_nan || b_nan) {
+      take = b_nan && (!a_nan || b.index < index);
+    } else {
+      take = b.value > value || (b.value == value && b.index < index);
+    }
+    if (take) *this = b;
+  }
+};
+
+template <typename T> struct ArgMin {
+  T value = highest<T>();
+  int64_t index = -1;
+  KILN_DEV void Update(T x, int64_t i) {
+    if (index < 0 || (!(value != value) && (x != x || x < value))) { value = x; index = i; }
+  }
+  KILN_DEV void Merge(const ArgMin& b) {
+    if (b.index < 0) return;
+    if (index < 0) { *this = b; return; }
+    const bool a_nan = value != value, b_nan = b.value != b.value;
+    bool take;
+    if (a_nan || b_nan) {
+      take = b_nan && (!a_nan || b.index < index);
+    } else {
+      take = b.value < value || (b.value == value && b.index < index);
+    }
+    if (take) *this = b;
+  }
+};
+
+template <typename T> struct Welford {
+  T mean = 0;
+  T m2 = 0;
+  T count = 0;
+  KILN_DEV void Update(T x) {
+    count += T(1);
+    const T delta = x - mean;
+    mean += delta / count;
+    m2 += delta * (x - mean);
+  }
+  KILN_DEV void Merge(const Welford& b) {
+    if (b.count == 0) return;
+    if (count == 0) { *this = b; return; }
+    const T total = count + b.count;
+    const T delta = b.mean - mean;
+    mean += delta * (b.count / total);
+    m2 += b.m2 + delta * delta * (count * b.count / total);
+    count = total;
+  }
+};
+
+template <typename T> struct OnlineSoftmax {
+  T max = -inf<T>();
+  T sum = 0;
+  KILN_DEV void Update(T x) {
+    if (x > max) {
+      sum = sum * kiln_cuda::exp(max - x) + T(1);
+      max = x;
+    } else if (x <= max) {
+      if (max != -inf<T>()) sum += kiln_cuda::exp(x - max);
+    } else {  // x or max is NaN
+      max = x != x ? x : max;
+      sum = nan<T>();
+    }
+  }
+  KILN_DEV void Merge(const OnlineSoftmax& b) {
+    const T m = maximum(max, b.max);
+    if (m != m) { max = m; sum = nan<T>(); return; }
+    if (m == -inf<T>()) { sum += b.sum; return; }
+    sum = sum * kiln_cuda::exp(max - m) + b.sum * kiln_cuda::exp(b.max - m);
+    max = m;
+  }
+};
+
+struct SumOp { template <typename T> KILN_DEV T operator()(T a, T b) const { return static_cast<T>(a + b); } };
+struct ProdOp { template <typename T> KILN_DEV T operator()(T a, T b) const { return static_cast<T>(a * b); } };
+struct MaxOp { template <typename T> KILN_DEV T operator()(T a, T b) const { return maximum(a, b); } };
+struct MinOp { template <typename T> KILN_DEV T operator()(T a, T b) const { return minimum(a, b); } };
+struct MergeOp {
+  template <typename S> KILN_DEV S operator()(S a, const S& b) const { a.Merge(b); return a; }
+};
+
+#if defined(__CUDACC__) || defined(KILN_CUDA_EMULATE)
+
+// Shuffles any trivially copyable state word by word.
+template <typename S> KILN_DEV S shfl_xor(const S& s, int offset) {
+  constexpr int kWords = (sizeof(S) + 3) / 4;
+  union U { S s; uint32_t w[kWords]; KILN_DEV U() {} } in, out;
+  in.s = s;
+#pragma unroll
+  for (int i = 0; i < kWords; ++i) out.w[i] = __shfl_xor_sync(0xffffffffu, in.w[i], offset);
+  return out.s;
+}
+
+// All 32 lanes must call it; every lane returns the same combination of the 32 partials.
+template <typename S, typename Op> KILN_DEV S warp_allreduce(S s, Op op) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int offset = 16; offset >= 1; offset >>= 1) {
+    const S other = shfl_xor(s, offset);
+    s = (lane & offset) ? op(other, s) : op(s, other);
+  }
+  return s;
+}
+
+// Every thread of the block must call it (a barrier inside); `smem` holds blockDim.x / 32 states.
+template <typename S, typename Op> KILN_DEV S block_allreduce(S s, Op op, void* smem) {
+  S* slots = static_cast<S*>(smem);
+  s = warp_allreduce(s, op);
+  if ((threadIdx.x & 31) == 0) slots[threadIdx.x >> 5] = s;
+  __syncthreads();
+  S r = slots[0];
+  const int warps = blockDim.x >> 5;
+  for (int w = 1; w < warps; ++w) r = op(r, slots[w]);
+  __syncthreads();  // the slots may be reused right after
+  return r;
+}
+
+// Every thread of the block must call it; `smem` holds blockDim.x states. Thread t serves point
+// t % rx as lane t / rx of blockDim.x / rx.
+template <typename S, typename Op> KILN_DEV S column_allreduce(S s, Op op, void* smem, int rx) {
+  S* slots = static_cast<S*>(smem);
+  slots[threadIdx.x] = s;
+  __syncthreads();
+  const int point = threadIdx.x % rx;
+  S r = slots[point];
+  const int lanes = blockDim.x / rx;
+  for (int l = 1; l < lanes; ++l) r = op(r, slots[l * rx + point]);
+  __syncthreads();
+  return r;
+}
+
+#endif  // __CUDACC__ || KILN_CUDA_EMULATE
+
+}  // namespace kiln_cuda
+
+#endif  // KILN_KERNELS_CUDA_KILN_CUDA_REDUCE_CUH_

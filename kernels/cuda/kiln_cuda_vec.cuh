@@ -1,0 +1,29 @@
+#ifndef KILN_KERNELS_CUDA_KILN_CUDA_VEC_CUH_
+#define KILN_KERNELS_CUDA_KILN_CUDA_VEC_CUH_
+
+// Vector loads and stores for generated CUDA kernels: Vec<T, N> is N elements aligned to their
+// total size (2 to 16 bytes), so one load/store instruction moves it (ld.global.v4.f32 for
+// Vec<float, 4>, ld.global.v4.u32 for Vec<uint16_t, 8>...). The emitter uses them only after a
+// run-time alignment check (aligned()), with a scalar path for the rest.
+
+#include "kernels/cuda/kiln_cuda_half.cuh"
+
+namespace kiln_cuda {
+
+template <typename T, int N> struct alignas(sizeof(T) * N) Vec {
+  T v[N];
+};
+
+template <int N, typename T> KILN_DEV Vec<T, N> load_vec(const T* p) {
+  return *reinterpret_cast<const Vec<T, N>*>(p);
+}
+template <int N, typename T> KILN_DEV void store_vec(T* p, const Vec<T, N>& v) {
+  *reinterpret_cast<Vec<T, N>*>(p) = v;
+}
+template <typename T> KILN_DEV bool aligned(const T* p, int bytes) {
+  return (reinterpret_cast<unsigned long long>(p) & static_cast<unsigned long long>(bytes - 1)) == 0;
+}
+
+}  // namespace kiln_cuda
+
+#endif  // KILN_KERNELS_CUDA_KILN_CUDA_VEC_CUH_

@@ -1,0 +1,793 @@
+#include "server/codegen/cuda_emitter.h"
+
+#include <algorithm>
+#include <limits>
+#include <map>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
+#include "kernels/cuda/embedded_headers.h"
+#include "server/codegen/code_writer.h"
+#include "server/codegen/cpu_emitter.h"
+#include "server/kernel/printer.h"
+#include "server/kernel/status_macros.h"
+
+namespace kiln::codegen {
+
+using kernel::AccField;
+using kernel::AccKind;
+using kernel::Accumulator;
+using kernel::Buffer;
+using kernel::Expr;
+using kernel::ExprKind;
+using kernel::ExprNode;
+using kernel::Index;
+using kernel::IndexTerm;
+using kernel::Kernel;
+using kernel::ScalarType;
+using kernel::Size;
+using kernel::Stmt;
+using kernel::StmtKind;
+using kernel::Var;
+using kernel::VarKind;
+
+namespace {
+
+// Slack added to every size before deciding on 32-bit indices: grid-stride steps and vector
+// chunks may run past the last element by less than this.
+constexpr int64_t kIndexSlack = int64_t{1} << 22;
+constexpr int kWarpRowLimit = 1024;  // static reduction lengths up to this: a warp per row
+constexpr int kColumnPoints = 32;    // kColumn: consecutive outer points per block
+constexpr int kRowsBlock = 256;      // kWarpPerRow block size
+constexpr int kThreadsPerSm = 2048;
+
+Size Product(const std::vector<Size>& sizes) {
+  Size p = Size::Const(1);
+  for (const Size& s : sizes) p = p * s;
+  return p;
+}
+
+std::string AccessKey(const Buffer& b, const Index& index) {
+  return absl::StrCat("b", b.index, "@", kernel::PrintIndex(index));
+}
+
+// The constant stride of `var` in `index` (0 when absent), or nullopt when it is not constant.
+absl::optional<int64_t> ConstStride(const Index& index, const Var& var) {
+  for (const IndexTerm& t : index.terms) {
+    if (t.var == var) return t.stride.AsConst();
+  }
+  return int64_t{0};
+}
+
+void CollectLoads(const Expr& e, std::set<const ExprNode*>* seen, std::vector<const ExprNode*>* out) {
+  if (!seen->insert(e.get()).second) return;
+  for (const Expr& a : e->args) CollectLoads(a, seen, out);
+  if (e->kind == ExprKind::kLoad) out->push_back(e.get());
+}
+
+std::vector<const ExprNode*> LoadsOf(const std::vector<Stmt>& stmts) {
+  std::set<const ExprNode*> seen;
+  std::vector<const ExprNode*> out;
+  for (const Stmt& s : stmts) CollectLoads(s.value, &seen, &out);
+  return out;
+}
+
+const char* ReduceOp(AccKind k) {
+  switch (k) {
+    case AccKind::kSum: return "kiln_cuda::SumOp()";
+    case AccKind::kProd: return "kiln_cuda::ProdOp()";
+    case AccKind::kMax: return "kiln_cuda::MaxOp()";
+    case AccKind::kMin: return "kiln_cuda::MinOp()";
+    default: return "kiln_cuda::MergeOp()";
+  }
+}
+
+const char* AccStruct(AccKind k) {
+  switch (k) {
+    case AccKind::kArgMax: return "ArgMax";
+    case AccKind::kArgMin: return "ArgMin";
+    case AccKind::kWelford: return "Welford";
+    case AccKind::kOnlineSoftmax: return "OnlineSoftmax";
+    default: return nullptr;
+  }
+}
+
+// sizeof the accumulator's state in the helpers (kiln_cuda_reduce.cuh).
+int StateBytes(const Accumulator& a) {
+  const int t = kernel::ScalarTypeBytes(a.dtype);
+  switch (a.kind) {
+    case AccKind::kArgMax: case AccKind::kArgMin: return 16;
+    case AccKind::kWelford: return 3 * t;
+    case AccKind::kOnlineSoftmax: return 2 * t;
+    default: return t;
+  }
+}
+
+struct VecAccess {
+  Buffer buffer;
+  Index index;
+  std::string name;
+};
+
+// The vector accesses of a statement list along `x`: width (1: none) and the accesses that may
+// move as one vector, each with its run-time conditions.
+struct VecPlan {
+  int width = 1;
+  std::map<std::string, VecAccess> loads;   // by AccessKey
+  std::map<std::string, VecAccess> stores;  // by AccessKey
+  std::vector<std::string> checks;          // run-time conditions, ANDed into kiln_vec
+};
+
+}  // namespace
+
+const char* CudaLayoutName(CudaLayout layout) {
+  switch (layout) {
+    case CudaLayout::kPointwise: return "pointwise";
+    case CudaLayout::kWarpPerRow: return "warp_per_row";
+    case CudaLayout::kBlockPerRow: return "block_per_row";
+    case CudaLayout::kColumn: return "column";
+  }
+  return "?";
+}
+
+absl::StatusOr<int64_t> CudaGridSize(const CudaLaunch& launch, const std::vector<int64_t>& scalars) {
+  const absl::optional<int64_t> work = launch.work.Evaluate(scalars);
+  if (!work) return absl::InvalidArgumentError("cuda launch: work size needs missing scalars");
+  if (launch.work_per_block <= 0 || launch.max_grid <= 0) {
+    return absl::InvalidArgumentError("cuda launch: bad work_per_block or max_grid");
+  }
+  const int64_t blocks = *work <= 0 ? 1 : (*work - 1) / launch.work_per_block + 1;
+  return std::max<int64_t>(1, std::min(blocks, launch.max_grid));
+}
+
+namespace {
+
+class CudaKernelEmitter : public CpuKernelEmitter {
+ public:
+  CudaKernelEmitter(const Kernel& kernel, int index, const CudaEmitOptions& options)
+      : CpuKernelEmitter(kernel, index, CpuOptions()), cuda_(options) {
+    num_sms_ = options.num_sms > 0 ? options.num_sms
+                                   : (options.arch.rfind("sm_8", 0) == 0 ? 108 : 132);
+  }
+
+  const CudaLaunch& launch() const { return launch_; }
+
+ protected:
+  static CpuEmitOptions CpuOptions() {
+    CpuEmitOptions o;
+    o.block = kIndexSlack;  // Emit() decides 32-bit indices with this slack
+    o.include_prelude = false;
+    return o;
+  }
+
+  // Helper spellings: the shared expression code names kiln_cpu:: and std:: functions; the CUDA
+  // helpers (kernels/cuda) provide the same names in kiln_cuda::.
+  static std::string Retarget(const std::string& code) {
+    return absl::StrReplaceAll(code, {{"kiln_cpu::", "kiln_cuda::"}, {"std::", "kiln_cuda::"}});
+  }
+  std::string ConstCode(const ExprNode& e) const override {
+    return Retarget(CpuKernelEmitter::ConstCode(e));
+  }
+  std::string UnaryCode(kernel::UnaryOp op, ScalarType t, const std::string& x) const override {
+    return Retarget(CpuKernelEmitter::UnaryCode(op, t, x));
+  }
+  std::string BinaryCode(kernel::BinaryOp op, ScalarType t, const std::string& a,
+                         const std::string& b) const override {
+    return Retarget(CpuKernelEmitter::BinaryCode(op, t, a, b));
+  }
+  std::string CastCode(ScalarType from, ScalarType to, const std::string& x) const override {
+    return Retarget(CpuKernelEmitter::CastCode(from, to, x));
+  }
+
+  std::string Widen(const Buffer& b, const std::string& raw) const {
+    if (b.dtype == ScalarType::kBFloat16) return absl::StrCat("kiln_cuda::bf16_to_f32(", raw, ")");
+    if (b.dtype == ScalarType::kFloat16) return absl::StrCat("kiln_cuda::f16_to_f32(", raw, ")");
+    return raw;
+  }
+  std::string Narrow(const Buffer& b, const std::string& v) const {
+    if (b.dtype == ScalarType::kBFloat16) return absl::StrCat("kiln_cuda::f32_to_bf16(", v, ")");
+    if (b.dtype == ScalarType::kFloat16) return absl::StrCat("kiln_cuda::f32_to_f16(", v, ")");
+    return v;
+  }
+
+  std::string LoadCode(const Buffer& b, const std::string& index) const override {
+    return Widen(b, absl::StrCat("b", b.index, "[", index, "]"));
+  }
+
+  std::string LoadExprCode(const ExprNode& e) override {
+    if (!e.args.empty()) return CpuKernelEmitter::LoadExprCode(e);  // masked: scalar, uncached
+    const std::string key = AccessKey(e.buffer, e.index);
+    std::string code;
+    if (plan_ != nullptr && lane_ >= 0) {
+      auto vec = plan_->loads.find(key);
+      if (vec != plan_->loads.end()) {
+        code = Widen(e.buffer, absl::StrCat(vec->second.name, ".v[", lane_, "]"));
+      }
+    }
+    auto cached = cache_.find(key);
+    if (cached == cache_.end()) {
+      return code.empty() ? CpuKernelEmitter::LoadExprCode(e) : code;
+    }
+    const std::string slot =
+        width_ == 1 ? absl::StrCat(cached->second.name, "[kiln_e]")
+                    : absl::StrCat(cached->second.name, "[kiln_e * ", width_, " + ", lane_, "]");
+    if (phase_ == cached->second.first_phase && filled_.insert(key).second) {
+      if (code.empty()) code = CpuKernelEmitter::LoadExprCode(e);
+      w_.Linef(slot, " = ", code, ";");
+    }
+    return slot;
+  }
+
+  void EmitFunction() override {
+    PushScope();
+    if (k_.is_pointwise()) {
+      EmitPointwise();
+    } else {
+      EmitRows();
+    }
+    PopScope();
+    CodeWriter head;
+    head.Linef("// ", CpuKernelSymbol(index_), ": ", CudaLayoutName(launch_.layout), ", ",
+               k_.outer.size(), " outer dims, ", k_.reduce.size(), " reduction dims, ",
+               k_.phases.size(), " phases, vector width ", launch_.vector_width, ", ",
+               launch_.cached_values, " cached values per thread");
+    std::vector<std::string> params;
+    for (const Buffer& b : k_.buffers) {
+      const std::string t = StorageType(b.dtype);
+      switch (b.access) {
+        case kernel::Access::kRead:
+          params.push_back(absl::StrCat("const ", t, "* __restrict__ b", b.index));
+          break;
+        case kernel::Access::kWrite:
+          params.push_back(absl::StrCat(t, "* __restrict__ b", b.index));
+          break;
+        case kernel::Access::kReadWrite:
+          params.push_back(absl::StrCat(t, "* b", b.index));
+          break;
+      }
+    }
+    for (int i = 0; i < k_.num_scalars; ++i) params.push_back(absl::StrCat("int64_t n", i));
+    head.Open(absl::StrCat("extern \"C\" __global__ void __launch_bounds__(", launch_.block, ") ",
+                           CpuKernelSymbol(index_), "(", absl::StrJoin(params, ", "), ")"));
+    head.Linef("using idx_t = ", idx32_ ? "int32_t" : "int64_t", ";");
+    if (smem_bytes_ > 0) {
+      head.Linef("alignas(16) __shared__ unsigned char kiln_smem[", smem_bytes_, "];");
+    }
+    result_ = head.Take();
+    result_ += hoisted_.str();
+    result_ += w_.str();
+    result_ += "}\n";
+  }
+
+ private:
+  // ---- vector plans ----
+  VecPlan PlanVector(const std::vector<Stmt>& stmts, const Var& x) {
+    VecPlan plan;
+    if (!cuda_.vectorize) return plan;
+    std::vector<std::pair<Buffer, Index>> loads, stores;
+    for (const ExprNode* l : LoadsOf(stmts)) {
+      if (l->args.empty() && ConstStride(l->index, x) == absl::optional<int64_t>(1)) {
+        loads.emplace_back(l->buffer, l->index);
+      }
+    }
+    for (const Stmt& s : stmts) {
+      if (s.kind == StmtKind::kStore && ConstStride(s.index, x) == absl::optional<int64_t>(1)) {
+        stores.emplace_back(s.buffer, s.index);
+      }
+    }
+    int widest = 0;
+    for (const auto* list : {&loads, &stores}) {
+      for (const auto& [b, i] : *list) widest = std::max(widest, kernel::ScalarTypeBytes(b.dtype));
+    }
+    if (widest == 0) return plan;
+    const int width = std::min(8, 16 / widest);
+    if (width <= 1) return plan;
+    std::set<std::string> checks;
+    auto admit = [&](const Buffer& b, const Index& index, std::map<std::string, VecAccess>* into,
+                     const char* prefix) {
+      const std::string key = AccessKey(b, index);
+      if (into->count(key)) return;
+      std::vector<std::string> mine;
+      const absl::optional<int64_t> off = index.offset.AsConst();
+      if (off) {
+        if (*off % width != 0) return;
+      } else {
+        mine.push_back(absl::StrCat("(", SizeCode(index.offset), ") % ", width, " == 0"));
+      }
+      for (const IndexTerm& t : index.terms) {
+        if (t.var == x) continue;
+        const absl::optional<int64_t> st = t.stride.AsConst();
+        if (st) {
+          if (*st % width != 0) return;
+        } else {
+          mine.push_back(absl::StrCat(SizeCode(t.stride), " % ", width, " == 0"));
+        }
+      }
+      mine.push_back(absl::StrCat("kiln_cuda::aligned(b", b.index, ", ",
+                                  width * kernel::ScalarTypeBytes(b.dtype), ")"));
+      for (std::string& c : mine) checks.insert(std::move(c));
+      (*into)[key] = VecAccess{b, index, absl::StrCat(prefix, into->size())};
+    };
+    for (const auto& [b, i] : loads) admit(b, i, &plan.loads, "kiln_lv");
+    for (const auto& [b, i] : stores) admit(b, i, &plan.stores, "kiln_sv");
+    if (plan.loads.empty() && plan.stores.empty()) return VecPlan();
+    plan.width = width;
+    plan.checks.assign(checks.begin(), checks.end());
+    return plan;
+  }
+
+  // Emits `stmts` for `width` consecutive values of `x` from `base` (a declared name): vector
+  // loads, one scope per lane, vector stores. `lane_decl` declares the lane's variables given the
+  // lane's value expression (e.g. "kiln_base + 2").
+  template <typename LaneDecl>
+  void EmitVectorLanes(const std::vector<Stmt>& stmts, const VecPlan& full_plan, const Var& x,
+                       const std::string& base, LaneDecl lane_decl) {
+    // Only the accesses of these statements; none for loads that come from cached registers.
+    VecPlan plan;
+    plan.width = full_plan.width;
+    for (const ExprNode* l : LoadsOf(stmts)) {
+      const std::string key = AccessKey(l->buffer, l->index);
+      auto it = full_plan.loads.find(key);
+      if (it == full_plan.loads.end()) continue;
+      auto cached = cache_.find(key);
+      if (cached != cache_.end() && cached->second.first_phase != phase_) continue;
+      plan.loads.insert(*it);
+    }
+    for (const Stmt& s : stmts) {
+      if (s.kind != StmtKind::kStore) continue;
+      auto it = full_plan.stores.find(AccessKey(s.buffer, s.index));
+      if (it != full_plan.stores.end()) plan.stores.insert(*it);
+    }
+    w_.Open("");
+    w_.Linef("const idx_t ", kernel::VarName(x), " = ", base, ";");
+    for (const auto& [key, a] : plan.loads) {
+      w_.Linef("const kiln_cuda::Vec<", StorageType(a.buffer.dtype), ", ", plan.width, "> ", a.name,
+               " = kiln_cuda::load_vec<", plan.width, ">(b", a.buffer.index, " + (",
+               IndexCode(a.index), "));");
+    }
+    for (const auto& [key, a] : plan.stores) {
+      w_.Linef("kiln_cuda::Vec<", StorageType(a.buffer.dtype), ", ", plan.width, "> ", a.name, ";");
+    }
+    plan_ = &plan;
+    for (int j = 0; j < plan.width; ++j) {
+      w_.Open("");
+      lane_decl(absl::StrCat(base, " + ", j));
+      lane_ = j;
+      filled_.clear();
+      PushScope();
+      for (const Stmt& s : stmts) EmitCudaStmt(s);
+      PopScope();
+      lane_ = -1;
+      w_.Close();
+    }
+    plan_ = nullptr;
+    for (const auto& [key, a] : plan.stores) {
+      w_.Linef("kiln_cuda::store_vec<", plan.width, ">(b", a.buffer.index, " + (", IndexCode(a.index),
+               "), ", a.name, ");");
+    }
+    w_.Close();
+  }
+
+  void EmitCudaStmt(const Stmt& s) {
+    const std::string v = ExprCode(s.value);
+    if (s.kind == StmtKind::kStore) {
+      const std::string key = AccessKey(s.buffer, s.index);
+      if (plan_ != nullptr && lane_ >= 0) {
+        auto it = plan_->stores.find(key);
+        if (it != plan_->stores.end()) {
+          w_.Linef(it->second.name, ".v[", lane_, "] = ", Narrow(s.buffer, v), ";");
+          return;
+        }
+      }
+      w_.Linef("b", s.buffer.index, "[", IndexCode(s.index), "] = ", Narrow(s.buffer, v), ";");
+      return;
+    }
+    const int id = s.acc.id;
+    switch (s.acc.kind) {
+      case AccKind::kSum: w_.Linef("acc", id, " += ", v, ";"); break;
+      case AccKind::kProd: w_.Linef("acc", id, " *= ", v, ";"); break;
+      case AccKind::kMax: w_.Linef("acc", id, " = kiln_cuda::maximum(acc", id, ", ", v, ");"); break;
+      case AccKind::kMin: w_.Linef("acc", id, " = kiln_cuda::minimum(acc", id, ", ", v, ");"); break;
+      case AccKind::kArgMax: case AccKind::kArgMin:
+        w_.Linef("acc", id, ".Update(", v, ", static_cast<int64_t>(kiln_r));");
+        break;
+      case AccKind::kWelford: case AccKind::kOnlineSoftmax:
+        w_.Linef("acc", id, ".Update(", v, ");");
+        break;
+    }
+  }
+
+  std::string VecFlag(const VecPlan& plan) {
+    if (plan.width <= 1) return "false";
+    return plan.checks.empty() ? "true" : absl::StrJoin(plan.checks, " && ");
+  }
+
+  std::string GlobalThread() const {
+    return "static_cast<idx_t>(blockIdx.x) * static_cast<idx_t>(blockDim.x) + "
+           "static_cast<idx_t>(threadIdx.x)";
+  }
+
+  // ---- pointwise ----
+  void EmitPointwise() {
+    const int k = static_cast<int>(k_.outer.size());
+    launch_.layout = CudaLayout::kPointwise;
+    launch_.block = cuda_.pointwise_block;
+    launch_.work = Product(k_.outer);
+    launch_.max_grid =
+        int64_t{num_sms_} * std::max(1, kThreadsPerSm / launch_.block) * cuda_.pointwise_waves;
+    if (k == 0) {
+      launch_.work_per_block = 1;
+      launch_.max_grid = 1;
+      w_.Open("if (blockIdx.x == 0 && threadIdx.x == 0)");
+      for (const Stmt& s : k_.body) EmitCudaStmt(s);
+      w_.Close();
+      return;
+    }
+    const int last = k - 1;
+    const Var x{VarKind::kOuter, last};
+    const VecPlan plan = PlanVector(k_.body, x);
+    const int width = plan.width;
+    launch_.vector_width = width;
+    launch_.work_per_block = int64_t{launch_.block} * width;
+    const std::string inner = SizeCode(k_.outer[last]);
+    const absl::optional<int64_t> inner_c = k_.outer[last].AsConst();
+    if (width > 1) w_.Linef("const bool kiln_vec = ", VecFlag(plan), ";");
+    std::string chunks = inner;
+    if (width > 1) {
+      chunks = inner_c ? absl::StrCat((*inner_c + width - 1) / width)
+                       : absl::StrCat("(", inner, " + ", width - 1, ") / ", width);
+    }
+    w_.Linef("const idx_t kiln_chunks = ", chunks, ";");
+    Size rows = Size::Const(1);
+    for (int i = 0; i < last; ++i) rows = rows * k_.outer[i];
+    w_.Linef("const idx_t kiln_units = ",
+             rows.is_const(1) ? "kiln_chunks" : absl::StrCat(SizeCode(rows), " * kiln_chunks"), ";");
+    w_.Open(absl::StrCat("for (idx_t kiln_u = ", GlobalThread(),
+                         "; kiln_u < kiln_units; kiln_u += static_cast<idx_t>(gridDim.x) * "
+                         "static_cast<idx_t>(blockDim.x))"));
+    if (last > 0) {
+      w_.Line("const idx_t kiln_c = kiln_u % kiln_chunks;");
+      EmitDecompose("kiln_u / kiln_chunks", last);
+    } else {
+      w_.Line("const idx_t kiln_c = kiln_u;");
+    }
+    const std::string xn = kernel::VarName(x);
+    if (width == 1) {
+      w_.Linef("const idx_t ", xn, " = kiln_c;");
+      PushScope();
+      for (const Stmt& s : k_.body) EmitCudaStmt(s);
+      PopScope();
+      w_.Close();
+      return;
+    }
+    w_.Linef("const idx_t kiln_base = kiln_c * ", width, ";");
+    w_.Open(absl::StrCat("if (kiln_vec && kiln_base + ", width, " <= ", inner, ")"));
+    EmitVectorLanes(k_.body, plan, x, "kiln_base", [&](const std::string& value) {
+      w_.Linef("const idx_t ", xn, " = ", value, ";");
+    });
+    w_.Close();
+    w_.Open("else");
+    w_.Linef("const idx_t kiln_end = kiln_base + ", width, " < ", inner, " ? kiln_base + ", width,
+             " : ", inner, ";");
+    w_.Open(absl::StrCat("for (idx_t ", xn, " = kiln_base; ", xn, " < kiln_end; ++", xn, ")"));
+    PushScope();
+    for (const Stmt& s : k_.body) EmitCudaStmt(s);
+    PopScope();
+    w_.Close();
+    w_.Close();
+    w_.Close();
+  }
+
+  // ---- rows ----
+  bool IsColumnReduction() const {
+    if (k_.outer.empty()) return false;
+    const Var last_outer{VarKind::kOuter, static_cast<int32_t>(k_.outer.size()) - 1};
+    const Var last_reduce{VarKind::kReduce, static_cast<int32_t>(k_.reduce.size()) - 1};
+    bool column = false;
+    for (const kernel::Phase& p : k_.phases) {
+      for (const ExprNode* l : LoadsOf(p.stmts)) {
+        if (!l->args.empty()) continue;
+        if (ConstStride(l->index, last_reduce) == absl::optional<int64_t>(1)) return false;
+        if (ConstStride(l->index, last_outer) == absl::optional<int64_t>(1)) column = true;
+      }
+    }
+    return column;
+  }
+
+  void EmitRows() {
+    const int k = static_cast<int>(k_.outer.size());
+    const int m = static_cast<int>(k_.reduce.size());
+    const Size rows = Product(k_.outer);
+    const Size total = Product(k_.reduce);
+    const absl::optional<int64_t> total_c = total.AsConst();
+    launch_.work = rows;
+    int max_state = 0;
+    for (const Accumulator& a : k_.accumulators) max_state = std::max(max_state, StateBytes(a));
+    if (IsColumnReduction()) {
+      // Enough threads per point (8..32) that the blocks fill every SM: a column reduction has
+      // few points, and each thread's loads are strided.
+      launch_.layout = CudaLayout::kColumn;
+      group_ = 32;
+      if (const absl::optional<int64_t> points = rows.AsConst()) {
+        const int64_t blocks = (*points + kColumnPoints - 1) / kColumnPoints;
+        group_ = 8;
+        while (group_ < 32 && blocks * kColumnPoints * group_ < int64_t{num_sms_} * kThreadsPerSm) {
+          group_ *= 2;
+        }
+      }
+      launch_.block = kColumnPoints * group_;
+      launch_.work_per_block = kColumnPoints;
+      launch_.max_grid = int64_t{num_sms_} * (kThreadsPerSm / launch_.block) * 4;
+      smem_bytes_ = launch_.block * max_state;
+    } else if (total_c && *total_c <= kWarpRowLimit) {
+      launch_.layout = CudaLayout::kWarpPerRow;
+      launch_.block = kRowsBlock;
+      group_ = 32;
+      launch_.work_per_block = kRowsBlock / 32;
+      launch_.max_grid = int64_t{num_sms_} * (kThreadsPerSm / kRowsBlock);
+    } else {
+      launch_.layout = CudaLayout::kBlockPerRow;
+      int block = 512;
+      if (total_c) block = *total_c <= 4096 ? 256 : (*total_c <= 16384 ? 512 : 1024);
+      launch_.block = block;
+      group_ = block;
+      launch_.work_per_block = 1;
+      launch_.max_grid = int64_t{num_sms_} * (kThreadsPerSm / block);
+      smem_bytes_ = 32 * max_state;
+    }
+    const std::string rows_code = SizeCode(rows);
+    switch (launch_.layout) {
+      case CudaLayout::kWarpPerRow:
+        w_.Line("const int kiln_lane = threadIdx.x & 31;");
+        w_.Open(absl::StrCat("for (idx_t kiln_u = static_cast<idx_t>(blockIdx.x) * ",
+                             kRowsBlock / 32, " + (threadIdx.x >> 5); kiln_u < ", rows_code,
+                             "; kiln_u += static_cast<idx_t>(gridDim.x) * ", kRowsBlock / 32, ")"));
+        break;
+      case CudaLayout::kBlockPerRow:
+        w_.Line("const int kiln_lane = threadIdx.x;");
+        w_.Open(absl::StrCat("for (idx_t kiln_u = blockIdx.x; kiln_u < ", rows_code,
+                             "; kiln_u += gridDim.x)"));
+        break;
+      default:
+        w_.Linef("const int kiln_lane = threadIdx.x / ", kColumnPoints, ";");
+        w_.Open(absl::StrCat("for (idx_t kiln_p = static_cast<idx_t>(blockIdx.x) * ", kColumnPoints,
+                             "; kiln_p < ", rows_code, "; kiln_p += static_cast<idx_t>(gridDim.x) * ",
+                             kColumnPoints, ")"));
+        w_.Linef("const idx_t kiln_u = kiln_p + threadIdx.x % ", kColumnPoints, ";");
+        w_.Linef("const bool kiln_active = kiln_u < ", rows_code, ";");
+        break;
+    }
+    if (k > 0) EmitDecompose("kiln_u", k);
+    // A vector path along r0 when the reduction space is one-dimensional.
+    VecPlan plan;
+    if (launch_.layout != CudaLayout::kColumn && m == 1) {
+      std::vector<Stmt> all;
+      for (const kernel::Phase& p : k_.phases) all.insert(all.end(), p.stmts.begin(), p.stmts.end());
+      plan = PlanVector(all, Var{VarKind::kReduce, 0});
+      if (plan.width > 1) {
+        if (total_c) {
+          if (*total_c % plan.width != 0) plan = VecPlan();
+        } else {
+          plan.checks.push_back(absl::StrCat(SizeCode(total), " % ", plan.width, " == 0"));
+        }
+      }
+    }
+    launch_.vector_width = plan.width;
+    if (plan.width > 1) {
+      // kiln_vec is uniform over the kernel: every thread of a row takes the same path.
+      hoisted_.Linef("const bool kiln_vec = ", VecFlag(plan), ";");
+      w_.Open("if (kiln_vec)");
+      EmitRow(plan);
+      w_.Close();
+      w_.Open("else");
+      EmitRow(VecPlan());
+      w_.Close();
+    } else {
+      EmitRow(plan);
+    }
+    w_.Close();
+  }
+
+  // One row (outer point) with a vector width of plan.width along r0.
+  void EmitRow(const VecPlan& plan) {
+    const int width = plan.width;
+    width_ = width;
+    const Size total = Product(k_.reduce);
+    const absl::optional<int64_t> total_c = total.AsConst();
+    const bool column = launch_.layout == CudaLayout::kColumn;
+    PushScope();
+    for (const Accumulator& a : k_.accumulators) {
+      const std::string t = ValueType(a.dtype);
+      if (const char* st = AccStruct(a.kind)) {
+        w_.Linef("kiln_cuda::", st, "<", t, "> acc", a.id, ";");
+      } else if (a.kind == AccKind::kSum) {
+        w_.Linef(t, " acc", a.id, " = 0;");
+      } else if (a.kind == AccKind::kProd) {
+        w_.Linef(t, " acc", a.id, " = 1;");
+      } else {
+        w_.Linef(t, " acc", a.id, " = kiln_cuda::", a.kind == AccKind::kMax ? "lowest" : "highest",
+                 "<", t, ">();");
+      }
+    }
+    // Registers caching loads that recur in later phases (static lengths only).
+    cache_.clear();
+    int64_t chunks = 0;
+    if (total_c && !column) {
+      chunks = (*total_c + int64_t{group_} * width - 1) / (int64_t{group_} * width);
+      std::map<std::string, int> first, count;
+      std::map<std::string, ScalarType> type;
+      for (size_t p = 0; p < k_.phases.size(); ++p) {
+        std::set<std::string> here;
+        for (const ExprNode* l : LoadsOf(k_.phases[p].stmts)) {
+          if (!l->args.empty()) continue;
+          bool uses_r = false;
+          for (const IndexTerm& t : l->index.terms) uses_r |= t.var.kind == VarKind::kReduce;
+          if (!uses_r) continue;
+          const std::string key = AccessKey(l->buffer, l->index);
+          if (!here.insert(key).second) continue;
+          if (!first.count(key)) first[key] = static_cast<int>(p);
+          ++count[key];
+          type[key] = l->type;
+        }
+      }
+      int64_t values = 0;
+      for (const auto& [key, c] : count) values += c > 1 ? chunks * width : 0;
+      // At most half of the registers a thread of this block size may have.
+      const int64_t limit = std::min<int64_t>(cuda_.max_cached_values, 65536 / launch_.block / 2);
+      if (values > 0 && values <= limit) {
+        for (const auto& [key, c] : count) {
+          if (c < 2) continue;
+          CacheEntry e{absl::StrCat("kiln_c", cache_.size()), first[key]};
+          w_.Linef(ValueType(type[key]), " ", e.name, "[", chunks * width, "];");
+          cache_[key] = e;
+        }
+        launch_.cached_values = std::max<int>(launch_.cached_values, static_cast<int>(values));
+      }
+    }
+    std::string total_code = SizeCode(total);
+    for (size_t p = 0; p < k_.phases.size(); ++p) {
+      phase_ = static_cast<int>(p);
+      const std::vector<Stmt>& stmts = k_.phases[p].stmts;
+      w_.Linef("// phase ", p);
+      int opened = 0;
+      if (column) {
+        w_.Open("if (kiln_active)");
+        w_.Raw("#pragma unroll 8");
+        w_.Open(absl::StrCat("for (idx_t kiln_r = kiln_lane; kiln_r < ", total_code, "; kiln_r += ",
+                             group_, ")"));
+        opened = 2;
+      } else if (total_c) {
+        w_.Raw(!cache_.empty() || chunks <= 16 ? "#pragma unroll" : "#pragma unroll 4");
+        w_.Open(absl::StrCat("for (int kiln_e = 0; kiln_e < ", chunks, "; ++kiln_e)"));
+        if (width == 1) {
+          w_.Linef("const idx_t kiln_rb = static_cast<idx_t>(kiln_e) * ", group_, " + kiln_lane;");
+        } else {
+          w_.Linef("const idx_t kiln_rb = (static_cast<idx_t>(kiln_e) * ", group_,
+                   " + kiln_lane) * ", width, ";");
+        }
+        opened = 1;
+        if (*total_c % (int64_t{group_} * width) != 0) {
+          w_.Open(absl::StrCat("if (kiln_rb < ", total_code, ")"));
+          opened = 2;
+        }
+      } else {
+        w_.Raw("#pragma unroll 4");
+        w_.Open(absl::StrCat("for (idx_t kiln_rb = static_cast<idx_t>(kiln_lane)",
+                             width == 1 ? "" : absl::StrCat(" * ", width), "; kiln_rb < ",
+                             total_code, "; kiln_rb += ", int64_t{group_} * width, ")"));
+        opened = 1;
+      }
+      if (width > 1) {
+        EmitVectorLanes(stmts, plan, Var{VarKind::kReduce, 0}, "kiln_rb",
+                        [&](const std::string& value) {
+                          w_.Linef("const idx_t kiln_r = ", value, ";");
+                          w_.Line("const idx_t r0 = kiln_r;");
+                        });
+      } else {
+        if (!column) w_.Line("const idx_t kiln_r = kiln_rb;");
+        EmitReduceDecompose();
+        filled_.clear();
+        PushScope();
+        for (const Stmt& s : stmts) EmitCudaStmt(s);
+        PopScope();
+      }
+      for (int i = 0; i < opened; ++i) w_.Close();
+      // All-reduce the accumulators this phase folded.
+      std::set<int> done;
+      for (const Stmt& s : stmts) {
+        if (s.kind != StmtKind::kAccumulate || !done.insert(s.acc.id).second) continue;
+        const std::string acc = absl::StrCat("acc", s.acc.id);
+        switch (launch_.layout) {
+          case CudaLayout::kWarpPerRow:
+            w_.Linef(acc, " = kiln_cuda::warp_allreduce(", acc, ", ", ReduceOp(s.acc.kind), ");");
+            break;
+          case CudaLayout::kBlockPerRow:
+            w_.Linef(acc, " = kiln_cuda::block_allreduce(", acc, ", ", ReduceOp(s.acc.kind),
+                     ", kiln_smem);");
+            break;
+          default:
+            w_.Linef(acc, " = kiln_cuda::column_allreduce(", acc, ", ", ReduceOp(s.acc.kind),
+                     ", kiln_smem, ", kColumnPoints, ");");
+            break;
+        }
+      }
+    }
+    phase_ = -1;
+    cache_.clear();
+    if (!k_.body.empty()) {
+      w_.Open(column ? "if (kiln_active && kiln_lane == 0)" : "if (kiln_lane == 0)");
+      PushScope();
+      for (const Stmt& s : k_.body) EmitCudaStmt(s);
+      PopScope();
+      w_.Close();
+    }
+    PopScope();
+  }
+
+  // r0..r{m-1} from the flat kiln_r (row-major).
+  void EmitReduceDecompose() {
+    const int m = static_cast<int>(k_.reduce.size());
+    if (m == 1) {
+      w_.Line("const idx_t r0 = kiln_r;");
+      return;
+    }
+    w_.Line("idx_t kiln_rr = kiln_r;");
+    for (int i = m - 1; i >= 1; --i) {
+      const std::string e = SizeCode(k_.reduce[i]);
+      w_.Linef("const idx_t r", i, " = kiln_rr % ", e, ";");
+      w_.Linef("kiln_rr /= ", e, ";");
+    }
+    w_.Line("const idx_t r0 = kiln_rr;");
+  }
+
+  struct CacheEntry {
+    std::string name;
+    int first_phase = 0;
+  };
+
+  const CudaEmitOptions cuda_;
+  int num_sms_ = 132;
+  CudaLaunch launch_;
+  int group_ = 1;        // threads per row
+  int smem_bytes_ = 0;   // static shared memory for the all-reduce
+  int width_ = 1;        // vector width of the row path being emitted
+  int lane_ = -1;        // the vector lane being emitted, or -1
+  int phase_ = -1;       // the phase being emitted, or -1
+  const VecPlan* plan_ = nullptr;
+  std::map<std::string, CacheEntry> cache_;  // by AccessKey
+  std::set<std::string> filled_;             // cache slots written in the current lane
+};
+
+}  // namespace
+
+absl::StatusOr<CudaSource> EmitCudaSource(absl::Span<const Kernel> kernels,
+                                          const CudaEmitOptions& options) {
+  if (options.pointwise_block <= 0 || options.pointwise_block % 32 != 0 ||
+      options.pointwise_block > 1024 || options.pointwise_waves <= 0) {
+    return absl::InvalidArgumentError("cuda emitter: bad options");
+  }
+  CudaSource out;
+  CodeWriter w;
+  w.Line("// Generated by kiln's CUDA emitter. Do not edit.");
+  w.Line("// extern \"C\" __global__ void kiln_kernel_<i>(b0, b1, ..., int64_t n0, ...);");
+  if (options.include_prelude) w.Raw(kiln::kernels::CudaPrelude());
+  std::string source = w.Take();
+  for (size_t i = 0; i < kernels.size(); ++i) {
+    CudaKernelEmitter emitter(kernels[i], static_cast<int>(i), options);
+    absl::StatusOr<std::string> fn = emitter.Emit();
+    if (!fn.ok()) {
+      return absl::Status(fn.status().code(),
+                          absl::StrCat("kernel ", i, ": ", fn.status().message()));
+    }
+    absl::StrAppend(&source, "\n", *fn);
+    out.symbols.push_back(CpuKernelSymbol(static_cast<int>(i)));
+    out.kernel_sources.push_back(*std::move(fn));
+    out.launches.push_back(emitter.launch());
+  }
+  out.source = std::move(source);
+  return out;
+}
+
+}  // namespace kiln::codegen

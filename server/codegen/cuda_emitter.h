@@ -1,0 +1,99 @@
+#ifndef KILN_SERVER_CODEGEN_CUDA_EMITTER_H_
+#define KILN_SERVER_CODEGEN_CUDA_EMITTER_H_
+
+// The CUDA C++ emitter: a list of verified Kernels (one graph) -> one self-contained CUDA source
+// for NVRTC (server/toolchain/nvrtc.h; no include path, no CUDA headers: the helpers of
+// kernels/cuda are embedded at the top), plus a launch configuration per kernel. It subclasses
+// the CPU emitter (cpu_emitter.h) and shares its expression emission, common subexpressions,
+// hoisted sizes and exact constants; it overrides the signature, the thread mapping, loads and
+// stores, and retargets helper names from kiln_cpu:: / std:: to kiln_cuda::.
+//
+// Parameter convention (kernels[i] -> symbol "kiln_kernel_<i>"), by value, in this order:
+//     extern "C" __global__ void kiln_kernel_<i>(T0* b0, T1* b1, ..., int64_t n0, int64_t n1, ...);
+//   b<j>: the element pointer of buffer j (device memory, at the tensor's storage offset;
+//   `const T* __restrict__` for read buffers, `T* __restrict__` for write buffers, plain `T*` for
+//   read-write ones; f16/bf16 as uint16_t bit patterns, bool as one byte); n<j>: scalar j. So a
+//   launch passes cuLaunchKernel's kernelParams = {&b0, ..., &n0, ...}: every parameter is 8 bytes
+//   and 8-aligned, no copies to device memory. The runtime (runtime/kiln_cuda.h) builds exactly
+//   that array from a step's buffer and scalar tables.
+//
+// Launch (CudaLaunch): blockDim = (block, 1, 1) EXACTLY (row layouts map warps and lanes to rows
+// with the block size as a constant), no dynamic shared memory (static __shared__ only),
+// gridDim = (CudaGridSize(launch, scalars), 1, 1) where
+//     grid = clamp(ceil(work / work_per_block), 1, max_grid)
+// with `work` a Size over the scalars. Every kernel loops grid-stride (persistent), so ANY grid
+// >= 1 computes the right result; the rule only picks a fast one (several waves over the SMs for
+// pointwise kernels; one resident wave for row kernels).
+//
+// Thread mappings (CudaLayout):
+//   * kPointwise: the outer space is flattened into rows x chunks of `vector_width` consecutive
+//     innermost elements; a thread handles a chunk per grid-stride step. When the innermost index
+//     of a load or store is contiguous, the chunk moves through one 16-byte (or narrower)
+//     vector access, after a run-time check (pointers aligned, offsets and outer strides
+//     multiples of the width; a row's tail chunk is scalar). 32-bit indices when every size is a
+//     constant that fits, 64-bit otherwise.
+//   * kWarpPerRow (static reduction length <= 1024), kBlockPerRow (longer or dynamic): one outer
+//     point per warp / block; each phase is a strided loop over the (flattened) reduction space
+//     into thread-local accumulators (vectorized like pointwise when r0 is contiguous), then a
+//     warp-shuffle (+ shared-memory) all-reduce so that every thread holds the row's result for
+//     later phases. When the reduction length is static and a load recurs in a later phase, the
+//     values are kept in registers (`kiln_c<k>`) and HBM is read once (softmax, layer norm).
+//     The body runs once per row (lane 0).
+//   * kColumn: reductions whose loads are contiguous across outer points (column sums): a block
+//     serves 32 consecutive points with block/32 threads each; partials meet in shared memory.
+//
+// Guarantees: as the CPU emitter (names generated only; no graph strings; constants exact).
+// Accumulation is fp32 for f16/bf16 data (the IR's accumulators are f32/f64); NaN propagates.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "server/kernel/kernel_ir.h"
+
+namespace kiln::codegen {
+
+struct CudaEmitOptions {
+  std::string arch = "sm_90";  // decides the default SM count only (the source does not depend on it)
+  int num_sms = 0;             // 0: 132 for sm_90*, 108 for sm_80, 132 otherwise
+  bool include_prelude = true;  // false only in tests that look at kernels alone
+  int pointwise_block = 256;
+  int pointwise_waves = 4;       // grid cap for pointwise kernels: waves of resident blocks
+  int max_cached_values = 64;    // registers per thread that may cache a row's loads (and at
+                                 // most half of what the block size leaves a thread)
+  bool vectorize = true;
+};
+
+enum class CudaLayout { kPointwise, kWarpPerRow, kBlockPerRow, kColumn };
+const char* CudaLayoutName(CudaLayout layout);  // "pointwise", "warp_per_row", ...
+
+struct CudaLaunch {
+  CudaLayout layout = CudaLayout::kPointwise;
+  int block = 256;
+  int shared_bytes = 0;  // dynamic shared memory; always 0 (static __shared__ is in the cubin)
+  kernel::Size work;     // pointwise: elements; rows: outer points
+  int64_t work_per_block = 1;
+  int64_t max_grid = 1;
+  int vector_width = 1;     // elements per vector access (1: none)
+  int cached_values = 0;    // registers per thread caching a row (0: none)
+};
+
+// grid = clamp(ceil(work / work_per_block), 1, max_grid); INVALID_ARGUMENT if `work` needs a
+// scalar that is missing or the value overflows.
+absl::StatusOr<int64_t> CudaGridSize(const CudaLaunch& launch, const std::vector<int64_t>& scalars);
+
+struct CudaSource {
+  std::string source;                       // the whole NVRTC source
+  std::vector<std::string> symbols;         // symbols[i] names kernels[i]
+  std::vector<std::string> kernel_sources;  // each kernel's function alone (dumps, golden tests)
+  std::vector<CudaLaunch> launches;         // launches[i] for kernels[i]
+};
+
+absl::StatusOr<CudaSource> EmitCudaSource(absl::Span<const kernel::Kernel> kernels,
+                                          const CudaEmitOptions& options = CudaEmitOptions());
+
+}  // namespace kiln::codegen
+
+#endif  // KILN_SERVER_CODEGEN_CUDA_EMITTER_H_

@@ -1,0 +1,324 @@
+#include "server/codegen/cuda_emitter.h"
+
+#include <cstdlib>
+#include <iostream>
+#include <string>
+
+#include "absl/strings/match.h"
+#include "gtest/gtest.h"
+#include "server/kernel/test_kernels.h"
+#include "server/kernel/verifier.h"
+
+namespace kiln::codegen {
+namespace {
+
+using namespace ::kiln::kernel;  // NOLINT: tests build IR
+namespace kt = ::kiln::kernel::testing;
+
+// The kernel's function alone (no prelude). KILN_PRINT_GOLDEN=1 prints it, to update the
+// expectations below intentionally.
+std::string EmitOne(const absl::StatusOr<Kernel>& k, bool vectorize = true,
+                    CudaLaunch* launch = nullptr) {
+  EXPECT_TRUE(k.ok()) << k.status();
+  if (!k.ok()) return "";
+  EXPECT_TRUE(VerifyKernel(*k).ok());
+  CudaEmitOptions options;
+  options.include_prelude = false;
+  options.vectorize = vectorize;
+  absl::StatusOr<CudaSource> src = EmitCudaSource({*k}, options);
+  EXPECT_TRUE(src.ok()) << src.status();
+  if (!src.ok()) return "";
+  if (std::getenv("KILN_PRINT_GOLDEN") != nullptr) {
+    std::cerr << "==== golden\n" << src->kernel_sources[0] << "==== end\n";
+  }
+  if (launch != nullptr) *launch = src->launches[0];
+  return src->kernel_sources[0];
+}
+
+int Count(const std::string& haystack, const std::string& needle) {
+  int n = 0;
+  for (size_t at = haystack.find(needle); at != std::string::npos; at = haystack.find(needle, at + 1)) ++n;
+  return n;
+}
+
+TEST(CudaEmitterGolden, PointwiseBroadcastAddIsVectorizedWithAScalarTail) {
+  EXPECT_EQ(EmitOne(kt::BroadcastAddTransposed(64, 1024), /*vectorize=*/true), R"cu(// kiln_kernel_0: pointwise, 2 outer dims, 0 reduction dims, 0 phases, vector width 4, 0 cached values per thread
+extern "C" __global__ void __launch_bounds__(256) kiln_kernel_0(const float* __restrict__ b0, const float* __restrict__ b1, float* __restrict__ b2) {
+  using idx_t = int32_t;
+  const bool kiln_vec = kiln_cuda::aligned(b1, 16) && kiln_cuda::aligned(b2, 16);
+  const idx_t kiln_chunks = 256;
+  const idx_t kiln_units = 64 * kiln_chunks;
+  for (idx_t kiln_u = static_cast<idx_t>(blockIdx.x) * static_cast<idx_t>(blockDim.x) + static_cast<idx_t>(threadIdx.x); kiln_u < kiln_units; kiln_u += static_cast<idx_t>(gridDim.x) * static_cast<idx_t>(blockDim.x)) {
+    const idx_t kiln_c = kiln_u % kiln_chunks;
+    const idx_t o0 = kiln_u / kiln_chunks;
+    const idx_t kiln_base = kiln_c * 4;
+    if (kiln_vec && kiln_base + 4 <= 1024) {
+      {
+        const idx_t o1 = kiln_base;
+        const kiln_cuda::Vec<float, 4> kiln_lv0 = kiln_cuda::load_vec<4>(b1 + (o1));
+        kiln_cuda::Vec<float, 4> kiln_sv0;
+        {
+          const idx_t o1 = kiln_base + 0;
+          const float v0 = b0[o0 + o1 * 64];
+          const float v1 = kiln_lv0.v[0];
+          const float v2 = v0 + v1;
+          kiln_sv0.v[0] = v2;
+        }
+        {
+          const idx_t o1 = kiln_base + 1;
+          const float v3 = b0[o0 + o1 * 64];
+          const float v4 = kiln_lv0.v[1];
+          const float v5 = v3 + v4;
+          kiln_sv0.v[1] = v5;
+        }
+        {
+          const idx_t o1 = kiln_base + 2;
+          const float v6 = b0[o0 + o1 * 64];
+          const float v7 = kiln_lv0.v[2];
+          const float v8 = v6 + v7;
+          kiln_sv0.v[2] = v8;
+        }
+        {
+          const idx_t o1 = kiln_base + 3;
+          const float v9 = b0[o0 + o1 * 64];
+          const float v10 = kiln_lv0.v[3];
+          const float v11 = v9 + v10;
+          kiln_sv0.v[3] = v11;
+        }
+        kiln_cuda::store_vec<4>(b2 + (o0 * 1024 + o1), kiln_sv0);
+      }
+    }
+    else {
+      const idx_t kiln_end = kiln_base + 4 < 1024 ? kiln_base + 4 : 1024;
+      for (idx_t o1 = kiln_base; o1 < kiln_end; ++o1) {
+        const float v12 = b0[o0 + o1 * 64];
+        const float v13 = b1[o1];
+        const float v14 = v12 + v13;
+        b2[o0 * 1024 + o1] = v14;
+      }
+    }
+  }
+}
+)cu");
+}
+
+TEST(CudaEmitterGolden, RowSoftmaxReadsTheRowOnceIntoRegisters) {
+  EXPECT_EQ(EmitOne(kt::RowSoftmax(1024, false), /*vectorize=*/false), R"cu(// kiln_kernel_0: warp_per_row, 1 outer dims, 1 reduction dims, 2 phases, vector width 1, 32 cached values per thread
+extern "C" __global__ void __launch_bounds__(256) kiln_kernel_0(const float* __restrict__ b0, float* __restrict__ b1, int64_t n0) {
+  using idx_t = int64_t;
+  const int kiln_lane = threadIdx.x & 31;
+  for (idx_t kiln_u = static_cast<idx_t>(blockIdx.x) * 8 + (threadIdx.x >> 5); kiln_u < n0; kiln_u += static_cast<idx_t>(gridDim.x) * 8) {
+    const idx_t o0 = kiln_u;
+    kiln_cuda::OnlineSoftmax<float> acc0;
+    float kiln_c0[32];
+    // phase 0
+#pragma unroll
+    for (int kiln_e = 0; kiln_e < 32; ++kiln_e) {
+      const idx_t kiln_rb = static_cast<idx_t>(kiln_e) * 32 + kiln_lane;
+      const idx_t kiln_r = kiln_rb;
+      const idx_t r0 = kiln_r;
+      kiln_c0[kiln_e] = b0[o0 * 1024 + r0];
+      const float v0 = kiln_c0[kiln_e];
+      acc0.Update(v0);
+    }
+    acc0 = kiln_cuda::warp_allreduce(acc0, kiln_cuda::MergeOp());
+    // phase 1
+#pragma unroll
+    for (int kiln_e = 0; kiln_e < 32; ++kiln_e) {
+      const idx_t kiln_rb = static_cast<idx_t>(kiln_e) * 32 + kiln_lane;
+      const idx_t kiln_r = kiln_rb;
+      const idx_t r0 = kiln_r;
+      const float v1 = kiln_c0[kiln_e];
+      const float v2 = v1 - acc0.max;
+      const float v3 = kiln_cuda::exp(v2);
+      const float v4 = v3 / acc0.sum;
+      b1[o0 * 1024 + r0] = v4;
+    }
+  }
+}
+)cu");
+}
+
+TEST(CudaEmitterGolden, LayerNormUsesWelfordAndAWarpPerRow) {
+  EXPECT_EQ(EmitOne(kt::LayerNorm(768, 1e-5f), /*vectorize=*/false), R"cu(// kiln_kernel_0: warp_per_row, 1 outer dims, 1 reduction dims, 2 phases, vector width 1, 24 cached values per thread
+extern "C" __global__ void __launch_bounds__(256) kiln_kernel_0(const float* __restrict__ b0, const float* __restrict__ b1, const float* __restrict__ b2, float* __restrict__ b3, float* __restrict__ b4, float* __restrict__ b5, int64_t n0) {
+  using idx_t = int64_t;
+  const int kiln_lane = threadIdx.x & 31;
+  for (idx_t kiln_u = static_cast<idx_t>(blockIdx.x) * 8 + (threadIdx.x >> 5); kiln_u < n0; kiln_u += static_cast<idx_t>(gridDim.x) * 8) {
+    const idx_t o0 = kiln_u;
+    kiln_cuda::Welford<float> acc0;
+    float kiln_c0[24];
+    // phase 0
+#pragma unroll
+    for (int kiln_e = 0; kiln_e < 24; ++kiln_e) {
+      const idx_t kiln_rb = static_cast<idx_t>(kiln_e) * 32 + kiln_lane;
+      const idx_t kiln_r = kiln_rb;
+      const idx_t r0 = kiln_r;
+      kiln_c0[kiln_e] = b0[o0 * 768 + r0];
+      const float v0 = kiln_c0[kiln_e];
+      acc0.Update(v0);
+    }
+    acc0 = kiln_cuda::warp_allreduce(acc0, kiln_cuda::MergeOp());
+    // phase 1
+#pragma unroll
+    for (int kiln_e = 0; kiln_e < 24; ++kiln_e) {
+      const idx_t kiln_rb = static_cast<idx_t>(kiln_e) * 32 + kiln_lane;
+      const idx_t kiln_r = kiln_rb;
+      const idx_t r0 = kiln_r;
+      const float v1 = kiln_c0[kiln_e];
+      const float v2 = v1 - acc0.mean;
+      const float v3 = acc0.m2 / acc0.count;
+      const float v4 = v3 + 0x1.4f8b58p-17f;
+      const float v5 = float(1) / kiln_cuda::sqrt(v4);
+      const float v6 = v2 * v5;
+      const float v7 = b1[r0];
+      const float v8 = v6 * v7;
+      const float v9 = b2[r0];
+      const float v10 = v8 + v9;
+      b3[o0 * 768 + r0] = v10;
+    }
+    if (kiln_lane == 0) {
+      b4[o0] = acc0.mean;
+      const float v11 = acc0.m2 / acc0.count;
+      const float v12 = v11 + 0x1.4f8b58p-17f;
+      const float v13 = float(1) / kiln_cuda::sqrt(v12);
+      b5[o0] = v13;
+    }
+  }
+}
+)cu");
+}
+
+TEST(CudaEmitterGolden, ColumnSumMeetsInSharedMemory) {
+  EXPECT_EQ(EmitOne(kt::ColumnSum(4096, 512), /*vectorize=*/true), R"cu(// kiln_kernel_0: column, 1 outer dims, 1 reduction dims, 1 phases, vector width 1, 0 cached values per thread
+extern "C" __global__ void __launch_bounds__(1024) kiln_kernel_0(const float* __restrict__ b0, float* __restrict__ b1) {
+  using idx_t = int32_t;
+  alignas(16) __shared__ unsigned char kiln_smem[4096];
+  const int kiln_lane = threadIdx.x / 32;
+  for (idx_t kiln_p = static_cast<idx_t>(blockIdx.x) * 32; kiln_p < 512; kiln_p += static_cast<idx_t>(gridDim.x) * 32) {
+    const idx_t kiln_u = kiln_p + threadIdx.x % 32;
+    const bool kiln_active = kiln_u < 512;
+    const idx_t o0 = kiln_u;
+    float acc0 = 0;
+    // phase 0
+    if (kiln_active) {
+#pragma unroll 8
+      for (idx_t kiln_r = kiln_lane; kiln_r < 4096; kiln_r += 32) {
+        const idx_t r0 = kiln_r;
+        const float v0 = b0[o0 + r0 * 512];
+        acc0 += v0;
+      }
+    }
+    acc0 = kiln_cuda::column_allreduce(acc0, kiln_cuda::SumOp(), kiln_smem, 32);
+    if (kiln_active && kiln_lane == 0) {
+      b1[o0] = acc0;
+    }
+  }
+}
+)cu");
+}
+
+// The vectorized softmax: phase 0 loads each row once with 16-byte loads into registers, phase 1
+// reads the registers and stores with 16-byte stores; a scalar path for misaligned pointers.
+TEST(CudaEmitter, VectorizedSoftmaxLoadsOnceAndStoresVectors) {
+  CudaLaunch launch;
+  const std::string src = EmitOne(kt::RowSoftmax(1024, false), true, &launch);
+  EXPECT_EQ(Count(src, "kiln_cuda::load_vec<4>(b0"), 1) << src;
+  EXPECT_EQ(Count(src, "kiln_cuda::store_vec<4>(b1"), 1) << src;
+  EXPECT_EQ(Count(src, "= b0["), 1) << src;  // the scalar path's one load
+  EXPECT_EQ(Count(src, "warp_allreduce"), 2);
+  EXPECT_TRUE(absl::StrContains(src, "const bool kiln_vec = kiln_cuda::aligned(b0, 16) && kiln_cuda::aligned(b1, 16);"));
+  EXPECT_EQ(launch.layout, CudaLayout::kWarpPerRow);
+  EXPECT_EQ(launch.block, 256);
+  EXPECT_EQ(launch.vector_width, 4);
+  EXPECT_EQ(launch.cached_values, 32);
+  absl::StatusOr<int64_t> grid = CudaGridSize(launch, {65536});
+  ASSERT_TRUE(grid.ok());
+  EXPECT_EQ(*grid, 132 * 8);  // one resident wave of 256-thread blocks on 132 SMs
+  EXPECT_EQ(*CudaGridSize(launch, {20}), 3);
+  EXPECT_EQ(*CudaGridSize(launch, {0}), 1);
+  EXPECT_FALSE(CudaGridSize(launch, {}).ok());
+}
+
+TEST(CudaEmitter, LongRowsGetABlockEachAndTooLongRowsAreNotCached) {
+  CudaLaunch launch;
+  std::string src = EmitOne(kt::RowSoftmax(8192, true), true, &launch);
+  EXPECT_EQ(launch.layout, CudaLayout::kBlockPerRow);
+  EXPECT_EQ(launch.block, 512);
+  EXPECT_EQ(launch.cached_values, 16);
+  EXPECT_TRUE(absl::StrContains(src, "block_allreduce(acc0, kiln_cuda::MergeOp(), kiln_smem)"));
+  EXPECT_TRUE(absl::StrContains(src, "alignas(16) __shared__ unsigned char kiln_smem[256];"));
+  src = EmitOne(kt::RowSoftmax(1 << 20, false), true, &launch);
+  EXPECT_EQ(launch.block, 1024);
+  EXPECT_EQ(launch.cached_values, 0);
+  EXPECT_EQ(Count(src, "kiln_cuda::load_vec<4>(b0"), 2) << "re-read in phase 1 when it cannot be cached";
+}
+
+TEST(CudaEmitter, Bf16UsesEightWideVectorsAndBitConversions) {
+  CudaLaunch launch;
+  const std::string src = EmitOne(kt::Bf16Chain(1 << 20), true, &launch);
+  EXPECT_EQ(launch.vector_width, 8);
+  EXPECT_EQ(*CudaGridSize(launch, {}), 132 * 8 * 4 < (1 << 20) / (256 * 8) ? 132 * 8 * 4 : (1 << 20) / (256 * 8));
+  EXPECT_TRUE(absl::StrContains(src, "kiln_cuda::Vec<uint16_t, 8>"));
+  EXPECT_TRUE(absl::StrContains(src, "kiln_cuda::bf16_to_f32(kiln_lv0.v[7])"));
+  EXPECT_TRUE(absl::StrContains(src, "kiln_cuda::f32_to_bf16("));
+  EXPECT_TRUE(absl::StrContains(src, "using idx_t = int32_t;"));
+}
+
+TEST(CudaEmitter, SixtyFourBitIndicesForDynamicOrHugeSizes) {
+  EXPECT_TRUE(absl::StrContains(EmitOne(kt::RowSoftmax(1024, false)), "using idx_t = int64_t;"));
+  EXPECT_TRUE(absl::StrContains(EmitOne(kt::Bf16Chain(int64_t{3} << 30)), "using idx_t = int64_t;"));
+}
+
+TEST(CudaEmitter, ArchPicksTheSmCountOnlyAndTheSourceIsTheSame) {
+  absl::StatusOr<Kernel> k = kt::RowSoftmax(1024, false);
+  ASSERT_TRUE(k.ok());
+  CudaEmitOptions a100;
+  a100.arch = "sm_80";
+  absl::StatusOr<CudaSource> s80 = EmitCudaSource({*k}, a100);
+  absl::StatusOr<CudaSource> s90 = EmitCudaSource({*k});
+  ASSERT_TRUE(s80.ok() && s90.ok());
+  EXPECT_EQ(s80->source, s90->source);
+  EXPECT_EQ(s80->launches[0].max_grid, 108 * 8);
+  EXPECT_EQ(s90->launches[0].max_grid, 132 * 8);
+}
+
+TEST(CudaEmitter, NothingFromTheGraphReachesTheSource) {
+  KernelBuilder kb("*/ evil(); /* \"name\" \\n");
+  const Buffer a = kb.AddBuffer(ScalarType::kFloat32, Access::kRead, Size::Const(4));
+  const Buffer out = kb.AddBuffer(ScalarType::kFloat32, Access::kWrite, Size::Const(4));
+  const Var i = kb.AddOuter(Size::Const(4));
+  const Index idx = MakeIndex(Size(), {{i, Size::Const(1)}});
+  kb.Add(Store(out, idx, Add(Load(a, idx), ConstFloat(ScalarType::kFloat32, 0.1f))));
+  absl::StatusOr<Kernel> k = kb.Finish();
+  const std::string src = EmitOne(k);
+  EXPECT_FALSE(absl::StrContains(src, "evil"));
+  EXPECT_TRUE(absl::StrContains(src, "0x1.99999ap-4f")) << src;  // exact hex literal
+}
+
+TEST(CudaEmitter, TheWholeSourceHasThePreludeAndEverySymbol) {
+  absl::StatusOr<Kernel> a = kt::Bf16Chain(100), b = kt::LayerNorm(64, 1e-5f);
+  ASSERT_TRUE(a.ok() && b.ok());
+  absl::StatusOr<CudaSource> src = EmitCudaSource({*a, *b});
+  ASSERT_TRUE(src.ok()) << src.status();
+  EXPECT_EQ(src->symbols, (std::vector<std::string>{"kiln_kernel_0", "kiln_kernel_1"}));
+  EXPECT_EQ(src->launches.size(), 2u);
+  EXPECT_TRUE(absl::StrContains(src->source, "namespace kiln_cuda"));
+  EXPECT_FALSE(absl::StrContains(src->source, "#include \""));
+  EXPECT_FALSE(absl::StrContains(src->source, "#include <cuda"));
+}
+
+TEST(CudaEmitter, AKernelThatDoesNotVerifyIsAnError) {
+  Kernel k;
+  k.num_scalars = 0;
+  k.outer = {Size::Param(3)};
+  absl::StatusOr<CudaSource> src = EmitCudaSource({k});
+  ASSERT_FALSE(src.ok());
+  EXPECT_TRUE(absl::StrContains(src.status().message(), "kernel 0")) << src.status();
+  CudaEmitOptions bad;
+  bad.pointwise_block = 100;
+  EXPECT_EQ(EmitCudaSource({}, bad).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace kiln::codegen

@@ -1,0 +1,246 @@
+// Runs the CUDA emitter's kernels on the host: the generated source, compiled by g++ with
+// kernels/cuda/kiln_cuda_emulate.h in front (one std::thread per CUDA thread, barriers for
+// __syncthreads and warp shuffles), against the CPU emitter's kernels for the same IR on the same
+// random data. Checks what NVRTC cannot: indexing, grid-stride loops with small grids, vector
+// lanes and their scalar fallbacks (misaligned pointers), register caches, and the warp, block
+// and column all-reduces. The launch goes through the emitter's parameter convention.
+
+#include <stdlib.h>
+
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "kernels/cpu/kiln_half.h"
+#include "kiln_runtime.h"
+#include "server/codegen/cpu_emitter.h"
+#include "server/codegen/cuda_emitter.h"
+#include "server/codegen/cuda_test_kernels.h"
+#include "server/kernel/test_kernels.h"
+#include "server/toolchain/compiler.h"
+
+namespace kiln::codegen {
+namespace {
+
+using namespace ::kiln::kernel;  // NOLINT: tests build IR
+namespace kt = ::kiln::kernel::testing;
+namespace ct = ::kiln::codegen::testing;
+
+struct Case {
+  std::string name;
+  absl::StatusOr<Kernel> kernel;
+  std::vector<int64_t> scalars;
+  bool misaligned = false;  // every buffer pointer one element past a 64-byte boundary
+  int max_grid = 3;         // small grids exercise the grid-stride loops
+};
+
+std::vector<Case> Cases() {
+  std::vector<Case> c;
+  c.push_back({"broadcast_add", kt::BroadcastAddTransposed(64, 128), {}});
+  c.push_back({"broadcast_add_odd", kt::BroadcastAddTransposed(5, 37), {}});
+  c.push_back({"broadcast_add_misaligned", kt::BroadcastAddTransposed(8, 64), {}, true});
+  c.push_back({"softmax_1024", kt::RowSoftmax(1024, false), {37}});
+  c.push_back({"softmax_1000_misaligned", kt::RowSoftmax(1000, false), {5}, true});
+  c.push_back({"softmax_100", kt::RowSoftmax(100, false), {19}, false, 1});
+  c.push_back({"log_softmax_8192", kt::RowSoftmax(8192, true), {3}});
+  c.push_back({"layer_norm_768", kt::LayerNorm(768, 1e-5f), {9}});
+  c.push_back({"layer_norm_4096", kt::LayerNorm(4096, 1e-5f), {2}});
+  c.push_back({"column_sum", kt::ColumnSum(100, 70), {}});
+  c.push_back({"bf16_chain", kt::Bf16Chain(1001), {}});
+  c.push_back({"bf16_chain_misaligned", kt::Bf16Chain(4096), {}, true});
+  c.push_back({"every_acc_f32", ct::EveryAccumulator(ScalarType::kFloat32, false, 4, 8), {}});
+  c.push_back({"every_acc_f64_dyn", ct::EveryAccumulator(ScalarType::kFloat64, true, 30, 70), {6}});
+  c.push_back({"every_acc_i32", ct::EveryAccumulator(ScalarType::kInt32, true, 2, 1000), {4}});
+  c.push_back({"every_acc_i8", ct::EveryAccumulator(ScalarType::kInt8, false, 3, 3), {}});
+  c.push_back({"full_sum", ct::FullSum(5000), {}});
+  c.push_back({"dynamic_in_place", ct::DynamicInPlace(), {3, 5, 12}});
+  c.push_back({"dynamic_in_place_misaligned", ct::DynamicInPlace(), {2, 3, 9}, true});
+  for (ScalarType t : {ScalarType::kBool, ScalarType::kInt8, ScalarType::kUInt8, ScalarType::kInt32,
+                       ScalarType::kInt64, ScalarType::kFloat32, ScalarType::kFloat64}) {
+    c.push_back({absl::StrCat("every_op_", ScalarTypeName(t)), ct::EveryOp(t, 203), {}});
+  }
+  return c;
+}
+
+std::string ReadRunfile(const std::string& path) {
+  std::ifstream in(absl::StrCat(getenv("TEST_SRCDIR"), "/", getenv("TEST_WORKSPACE"), "/", path));
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// One buffer: 64-byte aligned storage, the kernel's pointer at `offset` bytes into it.
+struct Storage {
+  std::vector<unsigned char> bytes;
+  size_t offset = 0;
+  size_t size = 0;
+  void* ptr() { return bytes.data() + offset; }
+};
+
+Storage Allocate(size_t size, bool misaligned, int elem) {
+  Storage s;
+  s.size = size;
+  s.bytes.resize(size + 128);
+  const uintptr_t base = reinterpret_cast<uintptr_t>(s.bytes.data());
+  s.offset = ((64 - base % 64) % 64) + (misaligned ? elem : 0);
+  return s;
+}
+
+void Fill(Storage& s, ScalarType t, bool input, std::mt19937& rng) {
+  unsigned char* p = static_cast<unsigned char*>(s.ptr());
+  if (!input) {
+    std::memset(p, 0xAB, s.size);
+    return;
+  }
+  std::uniform_real_distribution<double> real(-3.0, 3.0);
+  std::uniform_int_distribution<int> small(-60, 60);
+  const size_t n = s.size / ScalarTypeBytes(t);
+  for (size_t i = 0; i < n; ++i) {
+    switch (t) {
+      case ScalarType::kBool: p[i] = small(rng) > 0; break;
+      case ScalarType::kInt8: reinterpret_cast<int8_t*>(p)[i] = static_cast<int8_t>(small(rng)); break;
+      case ScalarType::kUInt8: p[i] = static_cast<uint8_t>(small(rng) + 60); break;
+      case ScalarType::kInt32: reinterpret_cast<int32_t*>(p)[i] = small(rng) * 1000; break;
+      case ScalarType::kInt64: reinterpret_cast<int64_t*>(p)[i] = small(rng) * 100000; break;
+      case ScalarType::kFloat16:
+        reinterpret_cast<uint16_t*>(p)[i] = kiln_cpu::f32_to_f16(static_cast<float>(real(rng)));
+        break;
+      case ScalarType::kBFloat16:
+        reinterpret_cast<uint16_t*>(p)[i] = kiln_cpu::f32_to_bf16(static_cast<float>(real(rng)));
+        break;
+      case ScalarType::kFloat32: reinterpret_cast<float*>(p)[i] = static_cast<float>(real(rng)); break;
+      case ScalarType::kFloat64: reinterpret_cast<double*>(p)[i] = real(rng); break;
+    }
+  }
+}
+
+bool Close(double a, double b, double rel, double abs) {
+  if (std::isnan(a) || std::isnan(b)) return std::isnan(a) && std::isnan(b);
+  if (std::isinf(a) || std::isinf(b)) return a == b;
+  return std::fabs(a - b) <= abs + rel * std::fabs(b);
+}
+
+// The first mismatch between the emulated GPU result and the CPU one, or "".
+std::string Compare(const Storage& gpu, const Storage& cpu, ScalarType t) {
+  const unsigned char* g = gpu.bytes.data() + gpu.offset;
+  const unsigned char* c = cpu.bytes.data() + cpu.offset;
+  const size_t n = gpu.size / ScalarTypeBytes(t);
+  for (size_t i = 0; i < n; ++i) {
+    bool ok = true;
+    double gv = 0, cv = 0;
+    switch (t) {
+      case ScalarType::kFloat32:
+        gv = reinterpret_cast<const float*>(g)[i];
+        cv = reinterpret_cast<const float*>(c)[i];
+        ok = Close(gv, cv, 2e-5, 2e-5);
+        break;
+      case ScalarType::kFloat64:
+        gv = reinterpret_cast<const double*>(g)[i];
+        cv = reinterpret_cast<const double*>(c)[i];
+        ok = Close(gv, cv, 1e-11, 1e-11);
+        break;
+      case ScalarType::kFloat16: case ScalarType::kBFloat16: {
+        const uint16_t a = reinterpret_cast<const uint16_t*>(g)[i];
+        const uint16_t b = reinterpret_cast<const uint16_t*>(c)[i];
+        gv = t == ScalarType::kFloat16 ? kiln_cpu::f16_to_f32(a) : kiln_cpu::bf16_to_f32(a);
+        cv = t == ScalarType::kFloat16 ? kiln_cpu::f16_to_f32(b) : kiln_cpu::bf16_to_f32(b);
+        ok = (a == b) || Close(gv, cv, 1e-2, 1e-3);  // one rounding step apart
+        break;
+      }
+      default: {
+        const int size = ScalarTypeBytes(t);
+        ok = std::memcmp(g + i * size, c + i * size, size) == 0;
+        int64_t a = 0, b = 0;
+        std::memcpy(&a, g + i * size, size);
+        std::memcpy(&b, c + i * size, size);
+        gv = static_cast<double>(a);
+        cv = static_cast<double>(b);
+        break;
+      }
+    }
+    if (!ok) return absl::StrCat("element ", i, ": gpu ", gv, ", cpu ", cv);
+  }
+  return "";
+}
+
+TEST(CudaEmulation, GeneratedCudaKernelsMatchTheCpuKernels) {
+  std::vector<Case> cases = Cases();
+  std::vector<Kernel> kernels;
+  for (Case& c : cases) {
+    ASSERT_TRUE(c.kernel.ok()) << c.name << ": " << c.kernel.status();
+    kernels.push_back(*c.kernel);
+  }
+  absl::StatusOr<CudaSource> cuda = EmitCudaSource(kernels);
+  ASSERT_TRUE(cuda.ok()) << cuda.status();
+  absl::StatusOr<CpuSource> cpu = EmitCpuSource(kernels);
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  const std::string emulate = ReadRunfile("kernels/cuda/kiln_cuda_emulate.h");
+  ASSERT_FALSE(emulate.empty()) << "kiln_cuda_emulate.h not in the runfiles";
+  std::string host = emulate + cuda->source;
+  for (size_t i = 0; i < kernels.size(); ++i) {
+    const int ns = kernels[i].num_scalars;
+    absl::StrAppend(&host, "extern \"C\" __attribute__((visibility(\"default\"))) void kiln_emulate_",
+                    i, "(void* const* b, const int64_t* s) { kiln_emu::Launch(kiln_kernel_", i,
+                    ", b, s, static_cast<int>(s[", ns, "]), static_cast<int>(s[", ns + 1, "])); }\n");
+  }
+  toolchain::CompileOptions co;
+  co.timeout = absl::Seconds(600);
+  absl::StatusOr<toolchain::CompiledBinary> gpu_so = toolchain::CompileSharedObject(host, co);
+  ASSERT_TRUE(gpu_so.ok()) << gpu_so.status();
+  absl::StatusOr<toolchain::CompiledBinary> cpu_so = toolchain::CompileSharedObject(cpu->source, co);
+  ASSERT_TRUE(cpu_so.ok()) << cpu_so.status();
+  kiln_module* gm = nullptr;
+  kiln_module* cm = nullptr;
+  ASSERT_EQ(kiln_module_load(gpu_so->bytes.data(), gpu_so->bytes.size(), &gm), KILN_OK) << kiln_last_error();
+  ASSERT_EQ(kiln_module_load(cpu_so->bytes.data(), cpu_so->bytes.size(), &cm), KILN_OK) << kiln_last_error();
+
+  std::mt19937 rng(42);
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const Case& c = cases[i];
+    const Kernel& k = kernels[i];
+    SCOPED_TRACE(c.name);
+    int32_t gk = -1, ck = -1;
+    ASSERT_EQ(kiln_module_add_kernel(gm, absl::StrCat("kiln_emulate_", i).c_str(), &gk), KILN_OK);
+    ASSERT_EQ(kiln_module_add_kernel(cm, cpu->symbols[i].c_str(), &ck), KILN_OK);
+    std::vector<Storage> gpu_bufs, cpu_bufs;
+    for (const Buffer& b : k.buffers) {
+      const absl::optional<int64_t> n = b.num_elements.Evaluate(c.scalars);
+      ASSERT_TRUE(n.has_value());
+      const int elem = ScalarTypeBytes(b.dtype);
+      Storage s = Allocate(static_cast<size_t>(*n) * elem, c.misaligned, elem);
+      Fill(s, b.dtype, b.access != Access::kWrite, rng);
+      Storage t = Allocate(s.size, c.misaligned, elem);
+      std::memcpy(t.ptr(), s.ptr(), s.size);
+      gpu_bufs.push_back(std::move(s));
+      cpu_bufs.push_back(std::move(t));
+    }
+    std::vector<void*> gp, cp;
+    for (Storage& s : gpu_bufs) gp.push_back(s.ptr());
+    for (Storage& s : cpu_bufs) cp.push_back(s.ptr());
+    const CudaLaunch& launch = cuda->launches[i];
+    absl::StatusOr<int64_t> grid = CudaGridSize(launch, c.scalars);
+    ASSERT_TRUE(grid.ok()) << grid.status();
+    std::vector<int64_t> gs = c.scalars;
+    gs.push_back(std::min<int64_t>(*grid, c.max_grid));
+    gs.push_back(launch.block);
+    ASSERT_EQ(kiln_run_kernel(cm, ck, cp.data(), c.scalars.data()), KILN_OK);
+    ASSERT_EQ(kiln_run_kernel(gm, gk, gp.data(), gs.data()), KILN_OK);
+    for (size_t b = 0; b < k.buffers.size(); ++b) {
+      const std::string diff = Compare(gpu_bufs[b], cpu_bufs[b], k.buffers[b].dtype);
+      EXPECT_EQ(diff, "") << c.name << " (" << CudaLayoutName(launch.layout) << ", grid "
+                          << gs[gs.size() - 2] << ", block " << launch.block << ", vector width "
+                          << launch.vector_width << "): buffer b" << b << ": " << diff;
+    }
+  }
+  EXPECT_EQ(kiln_module_unload(gm), KILN_OK);
+  EXPECT_EQ(kiln_module_unload(cm), KILN_OK);
+}
+
+}  // namespace
+}  // namespace kiln::codegen

@@ -1,0 +1,116 @@
+#include "server/codegen/cuda_test_kernels.h"
+
+#include <limits>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+
+namespace kiln::codegen::testing {
+
+using namespace ::kiln::kernel;  // NOLINT: builds IR
+
+// A pointwise kernel applying every unary and binary op valid for `t` to loads of a and b, each
+// result stored to a buffer of its own (plus a masked load, a select and casts to every type).
+absl::StatusOr<Kernel> EveryOp(ScalarType t, int64_t n) {
+  KernelBuilder kb(absl::StrCat("every op ", ScalarTypeName(t)));
+  const Size size = Size::Const(n);
+  const Buffer a = kb.AddBuffer(t, Access::kRead, size);
+  const Buffer b = kb.AddBuffer(t, Access::kRead, size);
+  const Var i = kb.AddOuter(size);
+  const Index idx = MakeIndex(Size(), {{i, Size::Const(1)}});
+  auto store = [&](const ExprOr& v) {
+    if (!v.ok()) return;
+    kb.Add(Store(kb.AddBuffer((*v)->type, Access::kWrite, size), idx, v));
+  };
+  for (int op = 0; op <= static_cast<int>(UnaryOp::kBitwiseNot); ++op) {
+    store(Unary(static_cast<UnaryOp>(op), Load(a, idx)));
+  }
+  for (int op = 0; op <= static_cast<int>(BinaryOp::kShiftRight); ++op) {
+    store(Binary(static_cast<BinaryOp>(op), Load(a, idx), Load(b, idx)));
+  }
+  for (ScalarType to : {ScalarType::kBool, ScalarType::kInt8, ScalarType::kUInt8, ScalarType::kInt32,
+                        ScalarType::kInt64, ScalarType::kFloat16, ScalarType::kBFloat16,
+                        ScalarType::kFloat32, ScalarType::kFloat64}) {
+    store(Cast(to, Load(a, idx)));
+  }
+  const ExprOr first = Binary(BinaryOp::kLt, LoopVar(i), ConstInt(ScalarType::kInt64, n / 2));
+  store(LoadMasked(b, MakeIndex(Size::Const(-1), {{i, Size::Const(1)}}),
+                   Binary(BinaryOp::kGe, LoopVar(i), ConstInt(ScalarType::kInt64, 1))));
+  store(Select(first, Load(a, idx), Load(b, idx)));
+  if (IsFloatType(t) && !IsHalfType(t)) {
+    store(Add(Load(a, idx), ConstFloat(t, std::numeric_limits<double>::infinity())));
+    store(Add(Load(a, idx), ConstFloat(t, -0.0)));
+    store(Add(Load(a, idx), ConstFloat(t, std::numeric_limits<double>::quiet_NaN())));
+  }
+  return kb.Finish();
+}
+
+// Row kernels with every accumulator kind, a 2-D reduction space, dynamic sizes and a full
+// reduction (no outer dims).
+absl::StatusOr<Kernel> EveryAccumulator(ScalarType t, bool dynamic, int64_t r0, int64_t r1) {
+  KernelBuilder kb("every accumulator");
+  const Size n = dynamic ? kb.AddScalar() : Size::Const(37);
+  const Size a = Size::Const(r0), b = Size::Const(r1);
+  const Buffer x = kb.AddBuffer(t, Access::kRead, n * a * b);
+  const Var row = kb.AddOuter(n);
+  const Var i = kb.AddReduce(a), j = kb.AddReduce(b);
+  const Index idx = ContiguousIndex({row, i, j}, {n, a, b});
+  std::vector<Accumulator> accs;
+  for (AccKind k : {AccKind::kSum, AccKind::kProd, AccKind::kMax, AccKind::kMin, AccKind::kArgMax,
+                    AccKind::kArgMin}) {
+    accs.push_back(kb.AddAccumulator(k, t));
+  }
+  const bool fl = IsFloatType(t);
+  if (fl) {
+    accs.push_back(kb.AddAccumulator(AccKind::kWelford, t));
+    accs.push_back(kb.AddAccumulator(AccKind::kOnlineSoftmax, t));
+  }
+  kb.BeginPhase();
+  for (const Accumulator& acc : accs) kb.Add(Accumulate(acc, Load(x, idx)));
+  kb.BeginPhase();
+  const Accumulator second = kb.AddAccumulator(AccKind::kSum, t);
+  kb.Add(Accumulate(second, Sub(Load(x, idx), AccRead(accs[2], AccField::kValue))));
+  kb.BeginBody();
+  const Index ridx = MakeIndex(Size(), {{row, Size::Const(1)}});
+  auto out = [&](const ExprOr& v) { kb.Add(Store(kb.AddBuffer((*v)->type, Access::kWrite, n), ridx, v)); };
+  out(AccRead(accs[0], AccField::kValue));
+  out(AccRead(accs[1], AccField::kValue));
+  out(AccRead(accs[3], AccField::kValue));
+  out(AccRead(accs[4], AccField::kIndex));
+  out(AccRead(accs[5], AccField::kValue));
+  out(AccRead(second, AccField::kValue));
+  if (fl) {
+    out(AccRead(accs[6], AccField::kM2));
+    out(AccRead(accs[7], AccField::kSum));
+  }
+  return kb.Finish();
+}
+
+absl::StatusOr<Kernel> FullSum(int64_t n) {
+  KernelBuilder kb("full sum");
+  const Buffer x = kb.AddBuffer(ScalarType::kFloat32, Access::kRead, Size::Const(n));
+  const Buffer out = kb.AddBuffer(ScalarType::kFloat32, Access::kWrite, Size::Const(1));
+  const Var r = kb.AddReduce(Size::Const(n));
+  const Accumulator s = kb.AddAccumulator(AccKind::kSum, ScalarType::kFloat32);
+  kb.BeginPhase();
+  kb.Add(Accumulate(s, Load(x, MakeIndex(Size(), {{r, Size::Const(1)}}))));
+  kb.BeginBody();
+  kb.Add(Store(out, MakeIndex(Size(), {}), AccRead(s, AccField::kValue)));
+  return kb.Finish();
+}
+
+// A pointwise kernel over dynamic 3-D sizes with an in-place f16 buffer and 64-bit indices.
+absl::StatusOr<Kernel> DynamicInPlace() {
+  KernelBuilder kb("dynamic in place");
+  const Size n0 = kb.AddScalar(), n1 = kb.AddScalar(), n2 = kb.AddScalar();
+  const Buffer x = kb.AddBuffer(ScalarType::kFloat16, Access::kReadWrite, n0 * n1 * n2);
+  const Buffer y = kb.AddBuffer(ScalarType::kFloat32, Access::kRead, n1 * n2);
+  const Var a = kb.AddOuter(n0), b = kb.AddOuter(n1), c = kb.AddOuter(n2);
+  const Index idx = ContiguousIndex({a, b, c}, {n0, n1, n2});
+  const ExprOr v = Mul(Cast(ScalarType::kFloat32, Load(x, idx)),
+                       Load(y, ContiguousIndex({b, c}, {n1, n2})));
+  kb.Add(Store(x, idx, Cast(ScalarType::kFloat16, v)));
+  return kb.Finish();
+}
+
+}  // namespace kiln::codegen::testing

@@ -1,0 +1,32 @@
+#ifndef KILN_SERVER_CODEGEN_CUDA_TEST_KERNELS_H_
+#define KILN_SERVER_CODEGEN_CUDA_TEST_KERNELS_H_
+
+// Kernels that exercise every operation, type, accumulator and thread layout of the CUDA emitter
+// (besides the canonical ones of server/kernel/test_kernels.h). Test-only.
+
+#include <cstdint>
+
+#include "absl/status/statusor.h"
+#include "server/kernel/kernel_ir.h"
+
+namespace kiln::codegen::testing {
+
+// Pointwise over n elements of `t`: every unary and binary op valid for `t` on loads of b0 and
+// b1, each stored to a buffer of its own; casts to every type; a masked load; a select; inf,
+// -0.0 and NaN constants for float types.
+absl::StatusOr<kernel::Kernel> EveryOp(kernel::ScalarType t, int64_t n);
+
+// Rows of x[rows, r0, r1] (rows = n0 when `dynamic`, else 37): every accumulator kind valid for
+// `t` in phase 0, a sum of x - max in phase 1, results stored per row.
+absl::StatusOr<kernel::Kernel> EveryAccumulator(kernel::ScalarType t, bool dynamic, int64_t r0,
+                                                int64_t r1);
+
+// out[0] = sum of x[n] (no outer dims).
+absl::StatusOr<kernel::Kernel> FullSum(int64_t n);
+
+// x[n0, n1, n2] (f16, read-write) *= y[n1, n2] (f32), in place, every size dynamic.
+absl::StatusOr<kernel::Kernel> DynamicInPlace();
+
+}  // namespace kiln::codegen::testing
+
+#endif  // KILN_SERVER_CODEGEN_CUDA_TEST_KERNELS_H_

@@ -1,0 +1,193 @@
+// emit_cuda_fixtures: writes the inputs of the GPU check (tests/gpu/cuda_kernels_check.py):
+// canonical kernels (server/kernel/test_kernels.h, plus two plain pointwise ones) at sizes big
+// enough to measure bandwidth, emitted by the CUDA emitter as one source, compiled by NVRTC into
+// one cubin, and a JSON manifest saying for each kernel its symbol, launch (grid, block, shared
+// bytes), scalars, buffers (dtype, shape, role) and what it computes.
+//
+//   KILN_NVRTC_PATH=.../libnvrtc.so.13 bazel run //server/codegen:emit_cuda_fixtures -- OUT_DIR
+//       [--arch=sm_90] [--small]
+// OUT_DIR gets kernels_<arch>.cubin, kernels.cu and manifest.json. --small uses tiny sizes (tests).
+
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "server/codegen/cuda_emitter.h"
+#include "server/kernel/test_kernels.h"
+#include "server/toolchain/nvrtc.h"
+
+namespace kiln::codegen {
+namespace {
+
+using namespace ::kiln::kernel;  // NOLINT
+namespace kt = ::kiln::kernel::testing;
+
+struct BufferSpec {
+  std::string dtype;  // torch dtype name: "float32", "bfloat16"
+  std::vector<int64_t> shape;
+  std::string role;   // "in" or "out"
+};
+
+struct Fixture {
+  std::string name;
+  std::string op;      // what the check script computes with torch
+  std::string params;  // extra JSON fields for the op, e.g. "\"eps\": 1e-05"
+  absl::StatusOr<Kernel> kernel;
+  std::vector<int64_t> scalars;
+  std::vector<BufferSpec> buffers;
+};
+
+// out = a + b, f32, n elements (the plainest pointwise kernel: 12 bytes per element).
+absl::StatusOr<Kernel> AddF32(int64_t n) {
+  KernelBuilder kb("add");
+  const Size size = Size::Const(n);
+  const Buffer a = kb.AddBuffer(ScalarType::kFloat32, Access::kRead, size);
+  const Buffer b = kb.AddBuffer(ScalarType::kFloat32, Access::kRead, size);
+  const Buffer out = kb.AddBuffer(ScalarType::kFloat32, Access::kWrite, size);
+  const Var i = kb.AddOuter(size);
+  const Index idx = MakeIndex(Size(), {{i, Size::Const(1)}});
+  kb.Add(Store(out, idx, Add(Load(a, idx), Load(b, idx))));
+  return kb.Finish();
+}
+
+std::vector<Fixture> Fixtures(bool small) {
+  const int64_t n = small ? 4099 : int64_t{64} << 20;
+  const int64_t rows = small ? 37 : 65536;
+  const int64_t big_rows = small ? 5 : 8192;
+  const int64_t side = small ? 96 : 8192;
+  std::vector<Fixture> f;
+  f.push_back({"add_f32", "add", "", AddF32(n), {},
+               {{"float32", {n}, "in"}, {"float32", {n}, "in"}, {"float32", {n}, "out"}}});
+  f.push_back({"bf16_chain", "bf16_chain", "", kt::Bf16Chain(n), {},
+               {{"bfloat16", {n}, "in"}, {"bfloat16", {n}, "in"}, {"bfloat16", {n}, "out"}}});
+  f.push_back({"broadcast_add_transposed", "broadcast_add_transposed", "",
+               kt::BroadcastAddTransposed(side, side), {},
+               {{"float32", {side, side}, "in"}, {"float32", {side}, "in"},
+                {"float32", {side, side}, "out"}}});
+  f.push_back({"softmax_1024", "softmax", "", kt::RowSoftmax(1024, false), {rows},
+               {{"float32", {rows, 1024}, "in"}, {"float32", {rows, 1024}, "out"}}});
+  f.push_back({"log_softmax_8192", "log_softmax", "", kt::RowSoftmax(8192, true), {big_rows},
+               {{"float32", {big_rows, 8192}, "in"}, {"float32", {big_rows, 8192}, "out"}}});
+  f.push_back({"layer_norm_1024", "layer_norm", "\"eps\": 1e-05", kt::LayerNorm(1024, 1e-5f),
+               {rows},
+               {{"float32", {rows, 1024}, "in"}, {"float32", {1024}, "in"}, {"float32", {1024}, "in"},
+                {"float32", {rows, 1024}, "out"}, {"float32", {rows}, "out"},
+                {"float32", {rows}, "out"}}});
+  f.push_back({"column_sum", "column_sum", "", kt::ColumnSum(side, side), {},
+               {{"float32", {side, side}, "in"}, {"float32", {side}, "out"}}});
+  return f;
+}
+
+std::string Shape(const std::vector<int64_t>& s) { return absl::StrCat("[", absl::StrJoin(s, ", "), "]"); }
+
+bool WriteFile(const std::string& path, const std::string& data) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(data.data(), static_cast<std::streamsize>(data.size()));
+  return static_cast<bool>(out);
+}
+
+int Main(int argc, char** argv) {
+  std::string out_dir, arch = "sm_90";
+  bool small = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a.rfind("--arch=", 0) == 0) {
+      arch = a.substr(7);
+    } else if (a == "--small") {
+      small = true;
+    } else if (!a.empty() && a[0] != '-' && out_dir.empty()) {
+      out_dir = a;
+    } else {
+      fprintf(stderr, "usage: emit_cuda_fixtures OUT_DIR [--arch=sm_90] [--small]\n");
+      return 2;
+    }
+  }
+  if (out_dir.empty()) {
+    fprintf(stderr, "usage: emit_cuda_fixtures OUT_DIR [--arch=sm_90] [--small]\n");
+    return 2;
+  }
+  // Under `bazel run`, relative paths are the caller's.
+  const char* cwd = getenv("BUILD_WORKING_DIRECTORY");
+  if (out_dir[0] != '/' && cwd != nullptr) out_dir = absl::StrCat(cwd, "/", out_dir);
+  if (system(absl::StrCat("mkdir -p '", out_dir, "'").c_str()) != 0) {
+    fprintf(stderr, "cannot create %s\n", out_dir.c_str());
+    return 1;
+  }
+  std::vector<Fixture> fixtures = Fixtures(small);
+  std::vector<Kernel> kernels;
+  for (const Fixture& f : fixtures) {
+    if (!f.kernel.ok()) {
+      fprintf(stderr, "%s: %s\n", f.name.c_str(), std::string(f.kernel.status().message()).c_str());
+      return 1;
+    }
+    kernels.push_back(*f.kernel);
+  }
+  CudaEmitOptions options;
+  options.arch = arch;
+  absl::StatusOr<CudaSource> src = EmitCudaSource(kernels, options);
+  if (!src.ok()) {
+    fprintf(stderr, "emit: %s\n", std::string(src.status().message()).c_str());
+    return 1;
+  }
+  toolchain::NvrtcOptions nvrtc;
+  // The worker: next to this binary in its runfiles (bazel run), else next to the binary.
+  for (const std::string& candidate :
+       {std::string("server/toolchain/kiln_nvrtc_worker"),
+        absl::StrCat(argv[0], ".runfiles/kiln/server/toolchain/kiln_nvrtc_worker")}) {
+    char resolved[4096];
+    if (access(candidate.c_str(), X_OK) == 0 && realpath(candidate.c_str(), resolved) != nullptr) {
+      nvrtc.worker = resolved;  // absolute: the worker runs in a temp directory
+      break;
+    }
+  }
+  absl::StatusOr<toolchain::CudaBinary> bin = toolchain::CompileCuda(src->source, arch, false, nvrtc);
+  if (!bin.ok()) {
+    fprintf(stderr, "nvrtc: %s\n", std::string(bin.status().message()).c_str());
+    return 1;
+  }
+  const std::string cubin = absl::StrCat("kernels_", arch, ".cubin");
+  std::string json = absl::StrCat("{\n  \"format\": 1,\n  \"arch\": \"", arch, "\",\n  \"cubin\": \"",
+                                   cubin, "\",\n  \"source\": \"kernels.cu\",\n  \"kernels\": [\n");
+  for (size_t i = 0; i < fixtures.size(); ++i) {
+    const Fixture& f = fixtures[i];
+    const CudaLaunch& l = src->launches[i];
+    absl::StatusOr<int64_t> grid = CudaGridSize(l, f.scalars);
+    if (!grid.ok()) {
+      fprintf(stderr, "%s: %s\n", f.name.c_str(), std::string(grid.status().message()).c_str());
+      return 1;
+    }
+    std::vector<std::string> buffers;
+    for (const BufferSpec& b : f.buffers) {
+      buffers.push_back(absl::StrCat("{\"dtype\": \"", b.dtype, "\", \"shape\": ", Shape(b.shape),
+                                     ", \"role\": \"", b.role, "\"}"));
+    }
+    absl::StrAppend(&json, "    {\"name\": \"", f.name, "\", \"symbol\": \"", src->symbols[i],
+                    "\", \"op\": \"", f.op, "\"", f.params.empty() ? "" : ", ", f.params,
+                    ",\n     \"layout\": \"", CudaLayoutName(l.layout), "\", \"grid\": ", *grid,
+                    ", \"block\": ", l.block, ", \"shared_bytes\": ", l.shared_bytes,
+                    ", \"vector_width\": ", l.vector_width, ", \"cached_values\": ", l.cached_values,
+                    ",\n     \"scalars\": ", Shape(f.scalars), ",\n     \"buffers\": [",
+                    absl::StrJoin(buffers, ", "), "]}", i + 1 < fixtures.size() ? "," : "", "\n");
+  }
+  absl::StrAppend(&json, "  ]\n}\n");
+  if (!WriteFile(absl::StrCat(out_dir, "/", cubin), bin->bytes) ||
+      !WriteFile(absl::StrCat(out_dir, "/kernels.cu"), src->source) ||
+      !WriteFile(absl::StrCat(out_dir, "/manifest.json"), json)) {
+    fprintf(stderr, "cannot write to %s\n", out_dir.c_str());
+    return 1;
+  }
+  printf("wrote %zu kernels to %s (%s, %zu-byte cubin, NVRTC %.0f ms)\n", fixtures.size(),
+         out_dir.c_str(), cubin.c_str(), bin->bytes.size(), absl::ToDoubleMilliseconds(bin->elapsed));
+  return 0;
+}
+
+}  // namespace
+}  // namespace kiln::codegen
+
+int main(int argc, char** argv) { return kiln::codegen::Main(argc, argv); }

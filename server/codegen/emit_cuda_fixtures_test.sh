@@ -1,0 +1,24 @@
+#!/bin/bash
+# emit_cuda_fixtures writes a cubin, the source and a manifest that names every kernel with its
+# launch (the inputs of tests/gpu/cuda_kernels_check.py). Needs NVRTC (KILN_NVRTC_PATH); without
+# it the test fails when KILN_REQUIRE_NVRTC=1 and is skipped loudly otherwise.
+set -euo pipefail
+bin="${TEST_SRCDIR}/${TEST_WORKSPACE}/server/codegen/emit_cuda_fixtures"
+out="${TEST_TMPDIR}/fixtures"
+if ! "${bin}" "${out}" --small > "${TEST_TMPDIR}/log" 2>&1; then
+  cat "${TEST_TMPDIR}/log"
+  if grep -q "NVRTC\|nvrtc" "${TEST_TMPDIR}/log" && [ "${KILN_REQUIRE_NVRTC:-0}" != "1" ]; then
+    echo "*** NVRTC NOT FOUND: emit_cuda_fixtures_test is SKIPPED ***"
+    exit 0
+  fi
+  exit 1
+fi
+cat "${TEST_TMPDIR}/log"
+test "$(head -c 4 "${out}/kernels_sm_90.cubin" | od -An -c | tr -d ' ')" = "177ELF"
+grep -q "namespace kiln_cuda" "${out}/kernels.cu"
+for name in add_f32 bf16_chain broadcast_add_transposed softmax_1024 log_softmax_8192 \
+            layer_norm_1024 column_sum; do
+  grep -q "\"name\": \"${name}\"" "${out}/manifest.json" || { echo "no ${name} in the manifest"; exit 1; }
+done
+python3 -c "import json,sys; m=json.load(open(sys.argv[1])); assert len(m['kernels'])==7; assert all(k['grid']>=1 and k['block']>=32 for k in m['kernels'])" "${out}/manifest.json"
+echo PASS
