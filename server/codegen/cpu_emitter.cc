@@ -8,7 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "kernels/cpu/embedded_headers.h"
-#include "server/kernel/status_macros.h"
+#include "server/base/status_macros.h"
 #include "server/kernel/verifier.h"
 
 namespace kiln::codegen {

@@ -12,7 +12,7 @@
 #include "server/codegen/code_writer.h"
 #include "server/codegen/cpu_emitter.h"
 #include "server/kernel/printer.h"
-#include "server/kernel/status_macros.h"
+#include "server/base/status_macros.h"
 
 namespace kiln::codegen {
 

@@ -8,7 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "server/kernel/printer.h"
-#include "server/kernel/status_macros.h"
+#include "server/base/status_macros.h"
 #include "server/lower/fuse.h"
 #include "server/lower/kernelize.h"
 #include "server/lower/lower.h"

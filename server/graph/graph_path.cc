@@ -4,7 +4,7 @@
 
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "server/graph/status_macros.h"
+#include "server/base/status_macros.h"
 #include "server/graph/verify.h"
 
 namespace kiln::graph {

@@ -10,7 +10,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "server/graph/op_registry.h"
-#include "server/graph/status_macros.h"
+#include "server/base/status_macros.h"
 
 namespace kiln::graph {
 

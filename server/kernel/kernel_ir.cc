@@ -7,7 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "server/kernel/status_macros.h"
+#include "server/base/status_macros.h"
 #include "server/kernel/verifier.h"
 
 namespace kiln::kernel {

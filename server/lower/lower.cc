@@ -7,7 +7,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "server/graph/op_registry.h"
-#include "server/kernel/status_macros.h"
+#include "server/base/status_macros.h"
 #include "server/lower/lower_internal.h"
 #include "spdlog/spdlog.h"
 

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "server/kernel/status_macros.h"
+#include "server/base/status_macros.h"
 #include "server/graph/ir.h"
 #include "server/lower/op_graph.h"
 

@@ -6,7 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/graph/op_registry.h"
-#include "server/kernel/status_macros.h"
+#include "server/base/status_macros.h"
 
 namespace kiln::lower {
 namespace {

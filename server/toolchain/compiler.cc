@@ -12,7 +12,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "server/kernel/status_macros.h"
+#include "server/base/status_macros.h"
 #include "server/toolchain/subprocess.h"
 
 namespace kiln::toolchain {

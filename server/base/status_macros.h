@@ -1,13 +1,12 @@
-#ifndef KILN_SERVER_KERNEL_STATUS_MACROS_H_
-#define KILN_SERVER_KERNEL_STATUS_MACROS_H_
+#ifndef KILN_SERVER_BASE_STATUS_MACROS_H_
+#define KILN_SERVER_BASE_STATUS_MACROS_H_
 
-// Early-return helpers for absl::Status / absl::StatusOr (Debian's abseil has none). The same
-// macro names as server/graph/status_macros.h, guarded, so that either header may come first.
+// Early-return helpers for absl::Status / absl::StatusOr (Debian's abseil has none).
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include <utility>
 
-#ifndef KILN_RETURN_IF_ERROR
 #define KILN_CONCAT_INNER_(a, b) a##b
 #define KILN_CONCAT_(a, b) KILN_CONCAT_INNER_(a, b)
 
@@ -22,8 +21,8 @@
   if (!tmp.ok()) return tmp.status();               \
   lhs = std::move(*tmp)
 
+// Declares a temporary: use it as a statement of its own, inside braces (never after a bare `if`).
 #define KILN_ASSIGN_OR_RETURN(lhs, expr) \
   KILN_ASSIGN_OR_RETURN_IMPL_(KILN_CONCAT_(kiln_statusor_, __LINE__), lhs, expr)
-#endif  // KILN_RETURN_IF_ERROR
 
-#endif  // KILN_SERVER_KERNEL_STATUS_MACROS_H_
+#endif  // KILN_SERVER_BASE_STATUS_MACROS_H_
