@@ -31,3 +31,13 @@ if [ $rc -eq 5 ]; then
 fi
 [ $rc -eq 0 ] || exit $rc
 kiln_say "Python tests passed ($((SECONDS - start)) s)"
+
+# The graph importer takes untrusted bytes: its fuzz, import and verifier tests also run under
+# AddressSanitizer + UBSan. --symlink_prefix=/ leaves bazel-bin pointing at the normal build.
+start=$SECONDS
+kiln_say "running the graph importer's fuzz and verifier tests under ASan/UBSan (bazel test --config=asan)"
+UBSAN_OPTIONS=halt_on_error=1 kiln_bazel test --config=asan --symlink_prefix=/ --test_output=errors \
+  --test_env=UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+  //server/graph:fuzz_test //server/graph:import_test //server/graph:verify_test \
+  //server/graph:graph_path_test
+kiln_say "ASan tests passed ($((SECONDS - start)) s)"

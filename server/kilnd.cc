@@ -326,7 +326,8 @@ int Run(int argc, char** argv) {
       server->Shutdown(std::chrono::system_clock::now());
       Die(kExitEnvironment, std::string(s.message()));
     }
-    spdlog::info("metrics on http://{}/metrics", metrics_listen);
+    std::string metrics_host = metrics_listen.substr(0, metrics_listen.rfind(':'));
+    spdlog::info("metrics on http://{}:{}/metrics", metrics_host, metrics_http.port());
   }
   std::string where = address->is_unix ? address->grpc_uri
                                        : absl::StrCat(address->host, ":", selected_port);
