@@ -112,9 +112,12 @@ def test_kilnd_killed_mid_run_falls_back_once_and_resumes_on_a_new_server(monkey
         os.remove(link)
         os.symlink(second.address[len("unix:"):], link)
         requests_before = kiln.stats()["requests"]
+        plan_calls_before = kiln.stats()["plan_calls"]
         run(f4, opts)
         assert kiln.stats()["requests"] == requests_before + 1
         assert sum(server_requests(second.address).values()) == 1  # reached the new server
+        # ... and compiled execution resumed: the new server compiled f4 and its plan ran.
+        assert kiln.stats()["compiles"] >= 2 and kiln.stats()["plan_calls"] > plan_calls_before
         # A graph that fell back while the server was down is sent again on its next call.
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
