@@ -33,9 +33,10 @@ kiln_setup_apt() {
 
 # Pinned: the CPU wheel of torch 2.13.0 is on disk on the dev/CI machines; any other version
 # downloads gigabytes of CUDA packages.
+# expecttest: imported by torch.testing._internal (scripts/opinfo_check.py).
 # nvidia-cuda-nvrtc: NVRTC for compiling CUDA kernels on machines without a CUDA toolkit or GPU
 # (13.0, as on the GPU machine).
-KILN_PY_REQUIREMENTS=(torch==2.13.0 "grpcio>=1.51" "protobuf>=3.20" pytest numpy
+KILN_PY_REQUIREMENTS=(torch==2.13.0 "grpcio>=1.51" "protobuf>=3.20" pytest numpy expecttest
   nvidia-cuda-nvrtc==13.0.88)
 
 kiln_setup_venv() {

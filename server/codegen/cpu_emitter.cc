@@ -182,13 +182,18 @@ void CpuKernelEmitter::EmitPointwiseLoops() {
   } else if (!single_unit) {
     EmitDecompose("kiln_u", last);
   }
+  const bool unit_scope = single_unit && last > 0;  // one unit: the dims before the last have extent 1
+  if (unit_scope) {
+    w_.Open("");
+    for (int i = 0; i < last; ++i) w_.Linef("const idx_t o", i, " = 0;");
+  }
   w_.Open(absl::StrCat("for (idx_t o", last, " = ", begin, "; o", last, " < ", end, "; ++o", last,
                        ")"));
   PushScope();
   for (const Stmt& s : k_.body) EmitStmt(s);
   PopScope();
   w_.Close();
-  if (!single_unit) w_.Close();
+  if (!single_unit || unit_scope) w_.Close();
 }
 
 void CpuKernelEmitter::EmitRowLoops() {

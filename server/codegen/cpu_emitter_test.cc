@@ -205,6 +205,13 @@ extern "C" __attribute__((visibility("default"))) void kiln_kernel_0(void* const
 )cc");
 }
 
+TEST(CpuEmitter, OneRowDeclaresTheOuterIndicesOfItsUnitDims) {
+  // rows == 1 and a short inner dim: no unit loop, but the stores still index with o0.
+  const std::string src = EmitOne(kt::BroadcastAddTransposed(1, 8));
+  EXPECT_TRUE(absl::StrContains(src, "const idx_t o0 = 0;")) << src;
+  EXPECT_FALSE(absl::StrContains(src, "kiln_u")) << src;
+}
+
 TEST(CpuEmitter, NoStringFromTheGraphReachesTheSource) {
   absl::StatusOr<Kernel> a = kt::RowSoftmax(64, false);
   ASSERT_TRUE(a.ok());

@@ -2,11 +2,13 @@
 // convolution (+ backward), embedding (+ dense backward), gather/scatter/index ops, nll_loss,
 // padding and pooling.
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+
 #include "server/graph/infer.h"
 #include "server/graph/op_registry.h"
 #include "server/base/status_macros.h"
@@ -259,8 +261,13 @@ absl::StatusOr<Type> InferGather(const InferContext& ctx) {
   KILN_ASSIGN_OR_RETURN(int64_t dim, ctx.Int(1));
   KILN_ASSIGN_OR_RETURN(const TensorType* index, ctx.RequireTensor(2));
   KILN_RETURN_IF_ERROR(WrapDim(dim, self->rank()).status());
-  if (index->dtype != v1::DTYPE_INT64) return absl::InvalidArgumentError("gather(): Expected dtype int64 for index");
-  if (std::max<int64_t>(index->rank(), 1) != std::max<int64_t>(self->rank(), 1)) {
+  // torch accepts int64 and int32 indices, and an empty index of any dtype (nothing is indexed).
+  const bool empty_index = std::any_of(index->sizes.begin(), index->sizes.end(),
+                                       [](const SymExpr& s) { return s.is_const(0); });
+  if (index->dtype != v1::DTYPE_INT64 && index->dtype != v1::DTYPE_INT32 && !empty_index) {
+    return absl::InvalidArgumentError("gather(): Expected dtype int64 or int32 for index");
+  }
+  if (!empty_index && std::max<int64_t>(index->rank(), 1) != std::max<int64_t>(self->rank(), 1)) {
     return absl::InvalidArgumentError("Index tensor must have the same number of dimensions as input tensor");
   }
   return Type::Tensor(NewTensor(self->dtype, index->sizes, *self));
@@ -271,7 +278,9 @@ absl::StatusOr<Type> InferScatter(const InferContext& ctx) {
   KILN_ASSIGN_OR_RETURN(int64_t dim, ctx.Int(1));
   KILN_RETURN_IF_ERROR(WrapDim(dim, self->rank()).status());
   KILN_ASSIGN_OR_RETURN(const TensorType* index, ctx.RequireTensor(2));
-  if (index->dtype != v1::DTYPE_INT64) return absl::InvalidArgumentError("scatter(): Expected dtype int64 for index");
+  if (index->dtype != v1::DTYPE_INT64 && index->dtype != v1::DTYPE_INT32) {
+    return absl::InvalidArgumentError("scatter(): Expected dtype int64 or int32 for index");
+  }
   return Type::Tensor(LikeTensor(ctx, *self, self->dtype));
 }
 

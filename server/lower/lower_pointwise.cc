@@ -404,6 +404,11 @@ absl::Status LowerPointwiseNode(Lowerer& l, int32_t node_index) {
   KILN_ASSIGN_OR_RETURN(PwDef d, Define(l, n, v.dtype));
   const ScalarType ct = d.compute.value_or(ComputeType(v.dtype));
   if (k::IsHalfType(ct)) return absl::UnimplementedError("half arithmetic");
+  if (!k::IsFloatType(ct) && ct != ScalarType::kBool) {  // e.g. hardtanh(int64) with its float bounds
+    for (const Arg& a : n.args) {
+      if (a.kind == Arg::Kind::kFloat) return absl::UnimplementedError("float scalar in an integer computation");
+    }
+  }
   for (const Operand& o : d.operands) {
     if (o.value < 0) continue;
     const LValue& in = l.g().values[o.value];

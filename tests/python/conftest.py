@@ -18,3 +18,13 @@ def no_compile_server():
     server = Kilnd("--no_compile")
     yield server
     assert server.stop() == 0
+
+
+def pytest_terminal_summary(terminalreporter):
+    """test_corpus.py's table: graphs, kernels, extern steps, op fallbacks."""
+    import corpus_util
+
+    if corpus_util.SUMMARIES:
+        terminalreporter.section("kiln correctness corpus")
+        for text in corpus_util.SUMMARIES:
+            terminalreporter.write_line(text)

@@ -1,0 +1,430 @@
+"""Correctness corpus: aten graphs compiled by ONE real kilnd, run through kiln's executor on fresh
+random inputs, compared with the same graph module run eagerly (per-dtype tolerances in
+corpus_util.TOLERANCES; ints and bools exact; NaN positions must match). Every graph is its own test
+id; compiles are submitted as soon as each graph is traced, so they overlap. A summary table
+(graphs, kernels, extern steps, op fallbacks) is printed at the end of the module.
+"""
+import concurrent.futures
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from corpus_util import (OK_SOURCES, SUMMARIES, Summary, compare, fresh_like, random_tensor, request_for,
+                         run_plan, upcast)
+from kiln import proto
+from kiln.rpc import KilnClient
+from kilnd_server import Kilnd
+
+f32, f64, bf16, f16 = torch.float32, torch.float64, torch.bfloat16, torch.float16
+i32, i64, u8, b8 = torch.int32, torch.int64, torch.uint8, torch.bool
+
+# -- input specs: gen -> tensor ------------------------------------------------------------------
+
+
+def r(*shape, dtype=f32, low=-20, high=20):
+    return lambda g: random_tensor(shape, dtype, g, low, high)
+
+
+def pos(*shape, dtype=f32):
+    return lambda g: (random_tensor(shape, f64, g).abs() + 0.1).to(dtype)
+
+
+def nonzero(*shape, dtype=i64):  # integer divisors: |x| in 1..9, both signs
+    def make(g):
+        sign = torch.randint(0, 2, shape, generator=g) * 2 - 1
+        return (torch.randint(1, 10, shape, generator=g) * sign).to(dtype)
+    return make
+
+
+def special(*shape, dtype=f32):  # NaN, inf and -inf at fixed places
+    def make(g):
+        t = random_tensor(shape, dtype, g).flatten()
+        t[0], t[3 % t.numel()], t[5 % t.numel()] = float("nan"), float("inf"), float("-inf")
+        return t.reshape(shape)
+    return make
+
+
+def tr(*shape, dtype=f32):  # the last two dims transposed (non-contiguous)
+    return lambda g: random_tensor(shape[:-2] + (shape[-1], shape[-2]), dtype, g).transpose(-1, -2)
+
+
+def sl(*shape, dtype=f32):  # every other element of a larger last dim, at an offset
+    return lambda g: random_tensor(shape[:-1] + (shape[-1] * 2 + 1,), dtype, g)[..., 1::2]
+
+
+def ex(shape, base, dtype=f32):  # expanded: stride-0 dims
+    return lambda g: random_tensor(base, dtype, g).expand(shape)
+
+
+# -- the corpus ---------------------------------------------------------------------------------
+
+CASES = {}  # name -> (mode, fn, specs); mode "fx" (make_fx), "fw"/"bw" (AOTAutograd graphs)
+
+
+def case(name, fn, *specs, mode="fx"):
+    assert name not in CASES, name
+    CASES[name] = (mode, fn, specs)
+
+
+def block(name, fn, *specs):
+    case(name + "-fw", fn, *specs, mode="fw")
+    case(name + "-bw", fn, *specs, mode="bw")
+
+
+A = r(6, 7)
+for op in ["neg", "abs", "exp", "exp2", "expm1", "log", "log1p", "log2", "sqrt", "rsqrt", "reciprocal",
+           "sin", "cos", "tanh", "sigmoid", "erf", "relu", "floor", "ceil", "round", "trunc", "sign",
+           "isnan", "isinf", "logical_not"]:
+    case(op, getattr(torch, op), A)
+case("silu", lambda x: F.silu(x), A)
+case("gelu", F.gelu, A)
+case("gelu-tanh", lambda x: F.gelu(x, approximate="tanh"), A)
+case("bitwise_not", torch.bitwise_not, r(5, 4, dtype=i64))
+case("bitwise_not-bool", torch.bitwise_not, r(5, 4, dtype=b8))
+case("leaky_relu", lambda x: F.leaky_relu(x, 0.2), A)
+case("hardtanh", lambda x: F.hardtanh(x, -0.5, 0.5), A)
+case("clamp", lambda x: torch.clamp(x, -0.5, 0.7), A)
+case("clamp_min", lambda x: torch.clamp_min(x, 0.1), A)
+case("clamp_max", lambda x: torch.clamp_max(x, 0.1), A)
+case("clamp-tensor", lambda x, lo, hi: torch.clamp(x, lo, hi), A, r(6, 1), r(7))
+case("pow-2", lambda x: x ** 2, A)
+case("pow-3", lambda x: x ** 3, A)
+case("pow-half", lambda x: x ** 0.5, A)
+case("pow-tensor", lambda x, y: torch.pow(x, y), pos(6, 7), A)
+case("pow-scalar-base", lambda x: torch.pow(2.0, x), A)
+case("unary-special", lambda x: torch.stack([x.exp(), x.log(), x.sqrt(), x.tanh(), x.sigmoid(), x.relu(),
+                                             x.floor(), x.sign(), x.isnan(), x.isinf()]).float(), special(4, 5))
+B2 = (r(6, 7), r(6, 7))
+for op in ["add", "sub", "mul", "div", "maximum", "minimum", "remainder", "fmod", "atan2"]:
+    case(op, getattr(torch, op), *B2)
+for op in ["eq", "ne", "lt", "le", "gt", "ge"]:
+    case(op, getattr(torch, op), *B2)
+    case(op + "-scalar", (lambda _op: lambda x: getattr(torch, _op)(x, 0.25))(op), A)
+case("add-alpha", lambda x, y: torch.add(x, y, alpha=2.5), *B2)
+case("sub-alpha", lambda x, y: torch.sub(x, y, alpha=-3), *B2)
+case("rsub", lambda x: 1.5 - x, A)
+case("div-scalar", lambda x: x / 3.0, A)
+case("div-trunc", lambda x, y: torch.div(x, y, rounding_mode="trunc"), *B2)
+case("div-floor", lambda x, y: torch.div(x, y, rounding_mode="floor"), *B2)
+case("int-div-trunc", lambda x, y: torch.div(x, y, rounding_mode="trunc"), r(6, 7, dtype=i64), nonzero(6, 7))
+case("int-div-floor", lambda x, y: torch.div(x, y, rounding_mode="floor"), r(6, 7, dtype=i64), nonzero(6, 7))
+case("int-true-div", lambda x, y: x / y, r(6, 7, dtype=i64), nonzero(6, 7))
+case("int-remainder", torch.remainder, r(6, 7, dtype=i64), nonzero(6, 7))
+case("int32-remainder", torch.remainder, r(6, 7, dtype=i32), nonzero(6, 7, dtype=i32))
+case("int-fmod", torch.fmod, r(6, 7, dtype=i64), nonzero(6, 7))
+case("int-floor_divide", torch.floor_divide, r(6, 7, dtype=i64), nonzero(6, 7))
+case("int-remainder-scalar", lambda x: torch.remainder(x, -3), r(6, 7, dtype=i64))
+case("int-floordiv-scalar", lambda x: x // 4, r(6, 7, dtype=i64))
+case("float-remainder-neg", lambda x: torch.remainder(x, -0.75), A)
+case("maximum-nan", torch.maximum, special(4, 5), r(4, 5))
+case("minimum-nan", torch.minimum, r(4, 5), special(4, 5))
+case("clamp-nan", lambda x: x.clamp(-1, 1), special(4, 5))
+case("logical_and", torch.logical_and, r(5, 6, dtype=b8), r(5, 6, dtype=b8))
+case("logical_or", torch.logical_or, r(5, 6), r(5, 6, dtype=b8))
+case("logical_xor", torch.logical_xor, r(5, 6, dtype=i64), r(5, 6, dtype=b8))
+for op in ["bitwise_and", "bitwise_or", "bitwise_xor"]:
+    case(op, getattr(torch, op), r(5, 6, dtype=i64), r(5, 6, dtype=i64))
+case("bitwise_and-bool", torch.bitwise_and, r(5, 6, dtype=b8), r(5, 6, dtype=b8))
+case("where", torch.where, r(5, 6, dtype=b8), r(5, 6), r(5, 6))
+case("where-scalar", lambda c, x: torch.where(c, x, 0.5), r(5, 6, dtype=b8), r(5, 6))
+case("masked_fill", lambda x, m: x.masked_fill(m, -1e4), r(5, 6), r(5, 6, dtype=b8))
+case("masked_fill-bcast", lambda x, m: x.masked_fill(m, float("-inf")), r(2, 5, 6), r(5, 1, dtype=b8))
+case("addcmul", lambda a, b, c: torch.addcmul(a, b, c, value=0.5), *B2, r(6, 7))
+case("addcdiv", lambda a, b, c: torch.addcdiv(a, b, c, value=-2), *B2, pos(6, 7))
+case("lerp", lambda a, b: torch.lerp(a, b, 0.3), *B2)
+case("lerp-tensor", torch.lerp, *B2, r(6, 7))
+case("threshold_backward", lambda g, x: torch.ops.aten.threshold_backward(g, x, 0.0), *B2)
+case("sigmoid_backward", lambda g, y: torch.ops.aten.sigmoid_backward(g, y), *B2)
+case("tanh_backward", lambda g, y: torch.ops.aten.tanh_backward(g, y), *B2)
+case("silu_backward", lambda g, x: torch.ops.aten.silu_backward(g, x), *B2)
+case("gelu_backward", lambda g, x: torch.ops.aten.gelu_backward(g, x), *B2)
+case("gelu_backward-tanh", lambda g, x: torch.ops.aten.gelu_backward(g, x, approximate="tanh"), *B2)
+case("dropout_backward", lambda g, m: torch.ops.aten.native_dropout_backward(g, m, 2.0), r(6, 7), r(6, 7, dtype=b8))
+# casts and factories
+case("to-f64", lambda x: x.to(f64), A)
+case("to-bf16", lambda x: x.to(bf16), A)
+case("to-f16", lambda x: x.to(f16), A)
+case("to-int", lambda x: (x * 10).to(i64), A)
+case("to-int32-from-int64", lambda x: x.to(i32), r(6, 7, dtype=i64))
+case("to-uint8", lambda x: x.to(u8), r(6, 7, dtype=i64, low=0, high=255))
+case("to-bool", lambda x: x.to(b8), r(6, 7, dtype=i64, low=-2, high=2))
+case("bool-to-float", lambda x: x.to(f32), r(6, 7, dtype=b8))
+case("clone", lambda x: x.clone() + 0, A)
+case("clone-contig", lambda x: x.clone(memory_format=torch.contiguous_format), tr(6, 7))
+case("copy", lambda x, y: torch.ops.aten.copy(x, y), r(6, 7), r(7, dtype=f64))
+case("fill", lambda x: torch.ops.aten.fill(x, 3.5), A)
+case("zeros_like", lambda x: torch.zeros_like(x) + x, A)
+case("ones_like", lambda x: torch.ones_like(x, dtype=i64), A)
+case("full_like", lambda x: torch.full_like(x, -2.0) * x, A)
+case("full", lambda x: torch.full((6, 7), 1.25) + x, A)
+case("zeros", lambda x: torch.zeros(3, 6, 7) + x, A)
+case("arange", lambda x: x + torch.arange(7), A)
+case("arange-start-step", lambda x: x * torch.arange(1, 15, 2, dtype=f32), A)
+case("arange-int", lambda x: x + torch.arange(-3, 4), r(6, 7, dtype=i64))
+case("scalar_tensor", lambda x: x + torch.ops.aten.scalar_tensor(2.5), A)
+case("new_ones", lambda x: x.new_ones(6, 7) - x, A)
+# reductions
+R3 = r(4, 5, 6)
+case("sum", torch.sum, R3)
+case("sum-dim", lambda x: x.sum(1), R3)
+case("sum-dims-keepdim", lambda x: x.sum((0, 2), keepdim=True), R3)
+case("sum-int32", lambda x: x.sum(-1), r(4, 5, dtype=i32))
+case("sum-bool", lambda x: x.sum(0), r(4, 5, dtype=b8))
+case("sum-bf16", lambda x: x.sum(-1), r(4, 64, dtype=bf16))
+case("mean", lambda x: x.mean(-1), R3)
+case("mean-all", torch.mean, R3)
+case("mean-f64", lambda x: x.mean((0, 1)), r(4, 5, 6, dtype=f64))
+case("prod", lambda x: x.prod(1), r(4, 5, 6))
+case("prod-int", lambda x: x.prod(1), r(4, 5, dtype=i64, low=-3, high=4))
+case("amax", lambda x: x.amax(-1), R3)
+case("amin", lambda x: x.amin((0, 2)), R3)
+case("max-all", torch.max, R3)
+case("min-all", torch.min, R3)
+case("max-dim", lambda x: x.max(1), R3)
+case("min-dim-keepdim", lambda x: x.min(2, keepdim=True), R3)
+case("argmax", lambda x: x.argmax(-1), R3)
+case("argmin", lambda x: x.argmin(0), R3)
+case("argmax-all", torch.argmax, R3)
+case("amax-nan", lambda x: x.amax(-1), special(4, 6))
+case("max-dim-nan", lambda x: x.max(-1), special(4, 6))
+case("argmax-nan", lambda x: x.argmax(-1), special(4, 6))
+case("sum-nan-inf", lambda x: x.sum(-1), special(4, 6))
+case("argmax-ties", lambda x: x.argmax(-1), r(5, 9, dtype=i64, low=0, high=3))
+case("max-int", lambda x: x.amax(0), r(5, 9, dtype=i64))
+case("any", lambda x: x.any(-1), r(4, 5, dtype=b8))
+case("all", lambda x: x.all(), r(4, 5, dtype=b8))
+case("any-float", lambda x: (x > 1.5).any(0), r(4, 5))
+case("var", lambda x: x.var(-1), R3)
+case("var-unbiased-0", lambda x: x.var(1, correction=0), R3)
+case("std", lambda x: x.std(-1), R3)
+case("var_mean", lambda x: torch.var_mean(x, (0, 2)), R3)
+case("softmax", lambda x: torch.softmax(x, -1), R3)
+case("softmax-dim0", lambda x: torch.softmax(x, 0), R3)
+case("log_softmax", lambda x: torch.log_softmax(x, -1), R3)
+case("softmax-inf", lambda x: torch.softmax(x, -1), special(4, 6))
+case("softmax_backward", lambda g, y: torch.ops.aten._softmax_backward_data(g, y, -1, f32), R3, R3)
+case("log_softmax_backward", lambda g, y: torch.ops.aten._log_softmax_backward_data(g, y, 1, f32), R3, R3)
+case("layer_norm", lambda x, w, b: F.layer_norm(x, (6,), w, b), R3, r(6), r(6))
+case("layer_norm-2d", lambda x: F.layer_norm(x, (5, 6)), R3)
+case("layer_norm_backward", lambda g, x, m, rs, w, b: torch.ops.aten.native_layer_norm_backward(
+    g, x, [6], m, rs, w, b, [True, True, True]), R3, R3, r(4, 5, 1), pos(4, 5, 1), r(6), r(6))
+case("batch_norm-eval", lambda x, m, v, w, b: F.batch_norm(x, m, v, w, b, False),
+     r(4, 3, 5, 5), r(3), pos(3), r(3), r(3))
+case("cumsum", lambda x: x.cumsum(1), R3)
+# indexing, shapes
+case("cat", lambda x, y: torch.cat([x, y], 1), r(4, 3), r(4, 5))
+case("cat-3", lambda x, y, z: torch.cat([x, y, z]), r(2, 3), r(1, 3), r(4, 3))
+case("stack", lambda x, y: torch.stack([x, y], -1), *B2)
+case("pad", lambda x: F.pad(x, (1, 2, 0, 3), value=-1.0), A)
+case("pad-negative", lambda x: F.pad(x, (-1, 2)), A)
+case("select_backward", lambda g: torch.ops.aten.select_backward(g, [4, 6, 7], 0, 2), r(6, 7))
+case("slice_backward", lambda g: torch.ops.aten.slice_backward(g, [6, 9], 1, 1, 8, 2), r(6, 4))
+case("tril", lambda x: torch.tril(x, 1), A)
+case("triu", lambda x: torch.triu(x, -1), r(3, 6, 7))
+case("index_select", lambda x, i: x.index_select(0, i), r(6, 7), lambda g: torch.randint(0, 6, (4,), generator=g))
+case("embedding", lambda i, w: F.embedding(i, w), lambda g: torch.randint(0, 10, (3, 4), generator=g), r(10, 5))
+case("gather", lambda x, i: x.gather(1, i), r(4, 7), lambda g: torch.randint(0, 7, (4, 3), generator=g))
+case("views", lambda x: x.view(6, 4, 5).permute(2, 0, 1).reshape(5, 24).t().unsqueeze(0) * 2, r(4, 6, 5))
+case("slice-select", lambda x: x[1:5:2, 3] + x[0, ::3].sum(), r(6, 7))
+case("expand-view", lambda x: x.expand(4, 6, 7) + 1, r(1, 7))
+case("split", lambda x: [t * 2 for t in torch.split(x, 3, 1)], r(4, 8))
+case("unbind", lambda x: [t + 1 for t in x.unbind(0)], r(3, 4))
+case("narrow-squeeze", lambda x: x.narrow(1, 2, 1).squeeze(1).exp(), r(4, 5))
+case("as_strided", lambda x: x.as_strided((3, 3), (1, 4), 1) * 2, r(4, 4))
+case("repeat", lambda x: x.repeat(2, 3), r(3, 4))
+case("slice_scatter", lambda x, y: torch.slice_scatter(x, y, 1, 0, 7, 2), r(3, 7), r(3, 4))
+case("select_scatter", lambda x, y: torch.select_scatter(x, y, 0, 1), r(3, 7), r(7))
+case("mm", torch.mm, r(5, 8), r(8, 3))
+case("bmm", torch.bmm, r(2, 5, 8), r(2, 8, 3))
+case("addmm", lambda b, x, w: torch.addmm(b, x, w, beta=0.5, alpha=2), r(3), r(5, 8), r(8, 3))
+case("conv2d", lambda x, w, b: F.conv2d(x, w, b, padding=1), r(1, 3, 6, 6), r(4, 3, 3, 3), r(4))
+case("avg_pool2d", lambda x: F.avg_pool2d(x, 2), r(1, 3, 6, 6))
+case("max_pool2d", lambda x: F.max_pool2d(x, 2), r(1, 3, 6, 6))
+# layouts: broadcasting, transposed / sliced / expanded inputs
+case("bcast-row-col", torch.add, r(4, 1), r(1, 5))
+case("bcast-rank", torch.mul, r(3), r(2, 4, 3))
+case("bcast-3d", lambda x, y: torch.where(x > 0, x, y), r(2, 1, 5), r(3, 1))
+case("transposed-in", lambda x, y: x * y + 1, tr(6, 7), r(6, 7))
+case("transposed-both", lambda x, y: (x - y).exp(), tr(6, 7), tr(6, 7))
+case("transposed-3d", lambda x: x.softmax(-1), tr(3, 6, 7))
+case("transposed-sum", lambda x: x.sum(0), tr(6, 7))
+case("sliced-in", lambda x, y: x / (y.abs() + 1), sl(5, 6), r(5, 6))
+case("sliced-reduce", lambda x: x.amax(-1), sl(5, 6))
+case("expanded-in", lambda x, y: x + y, ex((5, 6), (1, 6)), r(5, 6))
+case("expanded-col", lambda x: x.relu().sum(1), ex((5, 6), (5, 1)))
+case("expanded-all", lambda x: x * 2, ex((3, 4), ()))
+case("size1-dims", lambda x, y: (x * y).sum(1), r(1, 1, 5), r(4, 1, 1))
+case("size1-leading", lambda x: x.new_zeros(1, 1, 12) + x, r(12))
+case("size1-leading-where", lambda c, x, y: torch.where(c, x, y), r(2, dtype=b8), r(), r(1, 1))
+case("size1-leading-pad", lambda x: F.pad(x, (1, 2), value=1.0), r(1, 3))
+case("hardtanh-int", lambda x: F.hardtanh(x), r(4, 5, dtype=i64, low=-3, high=3))
+case("bf16-div-trunc", lambda x, y: torch.div(x, y, rounding_mode="trunc"), r(5, 10, dtype=bf16), r(10, dtype=bf16))
+case("size1-reduce", lambda x: x.softmax(1), r(3, 1, 4))
+case("zero-size", lambda x, y: x + y, r(0, 5), r(5))
+case("zero-size-sum", lambda x: x.sum(0), r(0, 5))
+case("zero-size-mid", lambda x: x.exp().sum(-1), r(3, 0, 4))
+case("zero-size-cat", lambda x, y: torch.cat([x, y]) * 2, r(0, 4), r(3, 4))
+case("zero-d", lambda x, y: x * y + 1, r(), r())
+case("zero-d-bcast", lambda x, y: x - y, r(), r(4, 5))
+case("zero-d-sum", lambda x: x.sum() * x.mean(), r(4, 5))
+case("zero-d-int", lambda x, y: x * y, r(dtype=i64), r(4, dtype=i64))
+# mixed dtypes
+case("mixed-int-float", torch.add, r(4, 5, dtype=i64), r(4, 5))
+case("mixed-int-scalar-float", lambda x: x * 1.5, r(4, 5, dtype=i64))
+case("mixed-int32-int64", torch.mul, r(4, 5, dtype=i32), r(4, 5, dtype=i64))
+case("mixed-bool-float", torch.add, r(4, 5, dtype=b8), r(4, 5))
+case("mixed-bf16-f32", torch.add, r(4, 5, dtype=bf16), r(4, 5))
+case("mixed-f16-f64", torch.mul, r(4, 5, dtype=f16), r(4, 5, dtype=f64))
+case("mixed-0d-f64-f32", torch.add, r(dtype=f64), r(4, 5))
+case("mixed-uint8-int8", torch.add, r(4, 5, dtype=u8), r(4, 5, dtype=torch.int8))
+case("bf16-chain", lambda x, y: (x * y + 1).relu().exp(), r(4, 5, dtype=bf16), r(4, 5, dtype=bf16))
+case("f16-chain", lambda x: x.sigmoid() * x, r(4, 5, dtype=f16))
+case("f64-chain", lambda x, y: (x / y).tanh() + x.log1p(), r(4, 5, dtype=f64), pos(4, 5, dtype=f64))
+case("bf16-softmax", lambda x: x.softmax(-1), r(4, 32, dtype=bf16))
+case("bf16-layer_norm", lambda x: F.layer_norm(x, (32,)), r(4, 32, dtype=bf16))
+case("f64-var", lambda x: x.var(0), r(6, 5, dtype=f64))
+case("int-sum-mixed", lambda x, y: x.sum(-1) + y, r(4, 5, dtype=i32), r(4))
+
+
+# -- blocks, forward and backward (AOTAutograd) ---------------------------------------------------
+
+
+def mlp(x, w1, b1, w2, b2):
+    return F.linear(F.relu(F.linear(x, w1, b1)), w2, b2)
+
+
+def mlp_gelu(x, w1, b1, w2, b2):
+    return F.linear(F.gelu(F.linear(x, w1, b1)), w2, b2)
+
+
+def attention(q, k, v):
+    s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    return s.softmax(-1) @ v
+
+
+def attention_masked(q, k, v):
+    s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    mask = torch.ones(s.shape[-2:], dtype=torch.bool).tril()
+    return s.masked_fill(~mask, float("-inf")).softmax(-1) @ v
+
+
+def conv_bn_relu(x, w, gamma, beta):
+    y = F.conv2d(x, w, padding=1)
+    return F.relu(F.batch_norm(y, None, None, gamma, beta, training=True))
+
+
+def transformer_block(x, w, b, wq, wo):
+    h = F.layer_norm(x, (x.shape[-1],), w, b)
+    q = h @ wq
+    a = (q @ q.transpose(-1, -2) / 4.0).softmax(-1) @ q
+    return x + F.gelu(a @ wo)
+
+
+block("mlp", mlp, r(8, 16), r(32, 16), r(32), r(4, 32), r(4))
+block("mlp-gelu", mlp_gelu, r(8, 16), r(32, 16), r(32), r(4, 32), r(4))
+block("attention", attention, r(2, 6, 8), r(2, 6, 8), r(2, 6, 8))
+block("attention-masked", attention_masked, r(2, 6, 8), r(2, 6, 8), r(2, 6, 8))
+block("layer_norm", lambda x, w, b: F.layer_norm(x, (16,), w, b), r(4, 5, 16), r(16), r(16))
+block("softmax", lambda x: x.softmax(-1) * x, r(4, 16))
+block("log_softmax", lambda x: x.log_softmax(-1), r(4, 16))
+block("gelu", F.gelu, r(4, 16))
+block("gelu-tanh", lambda x: F.gelu(x, approximate="tanh"), r(4, 16))
+block("silu-sigmoid-tanh", lambda x: F.silu(x) + x.sigmoid() * x.tanh(), r(4, 16))
+block("conv-bn-relu", conv_bn_relu, r(2, 3, 6, 6), r(4, 3, 3, 3), pos(4), r(4))
+block("transformer", transformer_block, r(2, 4, 16), pos(16), r(16), r(16, 16), r(16, 16))
+block("cross-entropy-free", lambda x, t: -(x.log_softmax(-1) * t).sum(-1).mean(), r(4, 10), r(4, 10))
+block("var-mean", lambda x: (x - x.mean(-1, keepdim=True)) / (x.var(-1, keepdim=True) + 1e-5).sqrt(), r(4, 16))
+
+
+# -- capture, compile, run ------------------------------------------------------------------------
+
+
+def capture_aot(fn, inputs):
+    from torch._functorch.aot_autograd import aot_function, make_boxed_func
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+    graphs = {}
+
+    def compiler(kind):
+        def compile_fn(gm, example_inputs):
+            graphs[kind] = (gm, list(example_inputs))
+            return make_boxed_func(gm)
+        return compile_fn
+
+    leaves = [t.detach().clone().requires_grad_(t.is_floating_point()) for t in inputs]
+    f = aot_function(fn, fw_compiler=compiler("fw"), bw_compiler=compiler("bw"),
+                     partition_fn=min_cut_rematerialization_partition)
+    out = f(*leaves)
+    outs = [o for o in (out if isinstance(out, (tuple, list)) else [out]) if o.requires_grad]
+    torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
+    return graphs
+
+
+def trace(name):
+    mode, fn, specs = CASES[name]
+    g = torch.Generator().manual_seed(0)
+    inputs = [s(g) for s in specs]
+    if mode == "fx":
+        gm = make_fx(fn, tracing_mode="fake")(*inputs)  # "real" records views at offset 0
+        kind = proto.GRAPH_KIND_INFERENCE
+    else:
+        gm, inputs = capture_aot(fn, inputs)[mode]
+        kind = proto.GRAPH_KIND_FORWARD if mode == "fw" else proto.GRAPH_KIND_BACKWARD
+    g1 = torch.Generator().manual_seed(1)
+    if mode == "fx":
+        fresh = [s(g1) for s in specs]
+    else:
+        fresh = [fresh_like(t, g1) for t in inputs]
+    return gm, request_for(gm, name, kind), fresh
+
+
+class Corpus:
+    def __init__(self):
+        self.server = Kilnd("--compile_workers=2")
+        self.client = KilnClient(self.server.address)
+        self.pool = concurrent.futures.ThreadPoolExecutor(4)
+        self.entries = {}
+        self.summary = Summary()
+        for name in CASES:
+            try:
+                gm, request, fresh = trace(name)
+            except Exception as e:  # a capture problem is this graph's failure, not the module's
+                self.entries[name] = e
+                continue
+            future = self.pool.submit(self.client.compile, request, timeout=300)
+            self.entries[name] = (gm, request, fresh, future)
+
+    def close(self):
+        self.pool.shutdown()
+        self.client.close()
+        SUMMARIES.append(self.summary.table())
+        return self.server.stop()
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    c = Corpus()
+    yield c
+    assert c.close() == 0
+
+
+def test_corpus_size():
+    assert len(CASES) >= 150, len(CASES)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_graph(corpus, name):
+    entry = corpus.entries[name]
+    if isinstance(entry, Exception):
+        raise entry
+    gm, request, fresh, future = entry
+    response = future.result()
+    assert response.source in OK_SOURCES, proto.CacheSource.Name(response.source)
+    corpus.summary.add(response.artifact.plan)
+    want = gm(*[t.clone() if isinstance(t, torch.Tensor) else t for t in fresh])
+    got = run_plan(response, request, fresh)
+    wide = upcast(fresh)
+    compare(got, want, name, gold=(lambda: gm(*wide)) if wide is not None else None)
