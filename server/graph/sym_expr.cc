@@ -275,40 +275,28 @@ SymExpr SymExpr::Mul(std::vector<SymExpr> factors) {
 SymExpr SymExpr::Neg(const SymExpr& x) { return Mul({Const(-1), x}); }
 
 SymExpr SymExpr::FloorDiv(const SymExpr& a, const SymExpr& b) {
-  if (b.is_const()) {
-    const int64_t c = b.value();
-    int64_t q;
-    if (a.is_const() && PyFloorDiv(a.value(), c, &q)) return Const(q);
-    if (c == 1) return a;
-    if (c > 1) {
-      if (auto exact = DivideExact(a, c)) return *exact;
-      std::vector<SymExpr> quotients, rest;
-      SplitDivisible(a, c, &quotients, &rest);
-      if (!quotients.empty()) {
-        quotients.push_back(FloorDiv(Add(std::move(rest)), b));
-        return Add(std::move(quotients));
-      }
-    }
-  } else {
-    if (a == b) return Const(1);
-    if (auto r = DivideExactBy(a, b)) return *r;
-  }
-  if (a.is_const(0)) return Const(0);
-  return MakeRaw(Kind::kFloorDiv, 0, {a, b});
+  return Divide(a, b, Kind::kFloorDiv);
 }
 
 SymExpr SymExpr::CeilDiv(const SymExpr& a, const SymExpr& b) {
+  return Divide(a, b, Kind::kCeilDiv);
+}
+
+SymExpr SymExpr::Divide(const SymExpr& a, const SymExpr& b, Kind kind) {
   if (b.is_const()) {
     const int64_t c = b.value();
     int64_t q;
-    if (a.is_const() && PyCeilDiv(a.value(), c, &q)) return Const(q);
+    if (a.is_const() && (kind == Kind::kFloorDiv ? PyFloorDiv(a.value(), c, &q)
+                                                 : PyCeilDiv(a.value(), c, &q))) {
+      return Const(q);
+    }
     if (c == 1) return a;
     if (c > 1) {
       if (auto exact = DivideExact(a, c)) return *exact;
       std::vector<SymExpr> quotients, rest;
       SplitDivisible(a, c, &quotients, &rest);
       if (!quotients.empty()) {
-        quotients.push_back(CeilDiv(Add(std::move(rest)), b));
+        quotients.push_back(Divide(Add(std::move(rest)), b, kind));
         return Add(std::move(quotients));
       }
     }
@@ -317,7 +305,7 @@ SymExpr SymExpr::CeilDiv(const SymExpr& a, const SymExpr& b) {
     if (auto r = DivideExactBy(a, b)) return *r;
   }
   if (a.is_const(0)) return Const(0);
-  return MakeRaw(Kind::kCeilDiv, 0, {a, b});
+  return MakeRaw(kind, 0, {a, b});
 }
 
 SymExpr SymExpr::Mod(const SymExpr& a, const SymExpr& b) {

@@ -75,6 +75,8 @@ class SymExpr {
   struct Rep;
   explicit SymExpr(std::shared_ptr<const Rep> rep) : rep_(std::move(rep)) {}
   static SymExpr MakeRaw(Kind kind, int64_t value, std::vector<SymExpr> args);
+  // FloorDiv (kind kFloorDiv) and CeilDiv (kCeilDiv): the same simplifications, other rounding.
+  static SymExpr Divide(const SymExpr& a, const SymExpr& b, Kind kind);
   std::shared_ptr<const Rep> rep_;  // null means the constant 0
 };
 
