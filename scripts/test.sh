@@ -18,6 +18,8 @@ kiln_say "C++ tests passed ($((SECONDS - start)) s)"
 start=$SECONDS
 kiln_say "running the Python tests (pytest) against $KILN_ROOT/bazel-bin/server/kilnd"
 export KILND="$KILN_ROOT/bazel-bin/server/kilnd"
+# kilnd compiles CUDA targets with this NVRTC (no GPU needed); the corpus requires it.
+export KILN_NVRTC_PATH="$nvrtc" KILN_REQUIRE_NVRTC=1
 py_dirs=()
 for d in client/python/tests tests/python; do
   [ -d "$d" ] && py_dirs+=("$d")

@@ -239,7 +239,7 @@ absl::Status AdminService::VerifyImported(const std::string& key, const std::str
     return absl::InvalidArgumentError("the entry carries no compile request to re-verify");
   }
   absl::StatusOr<graph::PreparedGraph> prepared =
-      graph::PrepareGraph(request, env_->limits, env_->identity);
+      graph::PrepareGraph(request, env_->limits, env_->IdentityFor(request.target()));
   if (!prepared.ok()) return prepared.status();
   if (prepared->key.hex != key) {
     return absl::InvalidArgumentError(

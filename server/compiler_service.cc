@@ -157,7 +157,7 @@ absl::StatusOr<CompilerService::Reply> CompilerService::Process(Method method,
 
   // Graph path: import -> verify -> canonicalize and hash.
   absl::StatusOr<graph::PreparedGraph> prepared_or =
-      graph::PrepareGraph(*parsed, env_->limits, env_->identity);
+      graph::PrepareGraph(*parsed, env_->limits, env_->IdentityFor(parsed->target()));
   if (!prepared_or.ok()) return prepared_or.status();
   auto prepared = std::make_shared<const graph::PreparedGraph>(*std::move(prepared_or));
   if (absl::Status s = CheckAlive(context, "hashed"); !s.ok()) return s;

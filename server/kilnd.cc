@@ -47,6 +47,9 @@
 #include "server/service_metrics.h"
 #include "server/cache_entry.h"
 #include "kernels/cpu/embedded_headers.h"
+#include "kernels/cuda/embedded_headers.h"
+#include "server/compiler/by_target.h"
+#include "server/compiler/cuda_compiler.h"
 #include "server/cache/encoding.h"
 #include "server/compiler/cpu_compiler.h"
 #include "server/toolchain/compiler.h"
@@ -100,6 +103,19 @@ ABSL_FLAG(absl::Duration, compile_timeout, absl::Seconds(120),
           "and the client runs that graph eagerly.");
 ABSL_FLAG(int64_t, compile_memory_limit_bytes, int64_t{4} << 30,
           "Address-space limit of one compiler process (RLIMIT_AS).");
+ABSL_FLAG(std::string, nvrtc, "",
+          "The NVRTC library for CUDA targets (path or soname). Empty: $KILN_NVRTC_PATH, else "
+          "/usr/local/cuda/lib64/libnvrtc.so*, else libnvrtc.so.13 on the loader's path. No GPU is "
+          "needed. Without NVRTC, kilnd still serves CPU targets and answers CUDA compiles with "
+          "FAILED_PRECONDITION (the client runs those graphs eagerly). Its version is part of "
+          "every CUDA key.");
+ABSL_FLAG(std::string, nvrtc_worker, "",
+          "The kiln_nvrtc_worker executable that runs each NVRTC compile in its own process. "
+          "Empty: next to kilnd (as deploy/bundle.sh packs it), else Bazel's "
+          "server/toolchain/kiln_nvrtc_worker beside bazel-bin/server/kilnd.");
+ABSL_FLAG(int32_t, cuda_parallel_compiles, 4,
+          "NVRTC processes one CUDA graph may use at once (its kernels are split into that many "
+          "binaries when it has enough of them).");
 ABSL_FLAG(int64_t, max_graph_nodes, 200000, "Largest graph accepted, in nodes.");
 ABSL_FLAG(int32_t, max_tensor_rank, 16, "Largest tensor rank accepted.");
 ABSL_FLAG(int64_t, max_constant_bytes, int64_t{256} << 20,
@@ -128,6 +144,21 @@ constexpr int kExitUsage = 2;
 }
 
 bool IsKilnFlagFile(absl::string_view file) { return absl::StrContains(file, "server/"); }
+
+// --nvrtc_worker, else kiln_nvrtc_worker next to this executable (bundles), else Bazel's layout
+// (bazel-bin/server/kilnd, bazel-bin/server/toolchain/kiln_nvrtc_worker).
+std::string NvrtcWorkerPath(const std::string& flag) {
+  if (!flag.empty()) return flag;
+  char self[4096];
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (n <= 0) return "";
+  std::string dir(self, n);
+  dir = dir.substr(0, dir.rfind('/'));
+  for (const std::string& candidate : {dir + "/kiln_nvrtc_worker", dir + "/toolchain/kiln_nvrtc_worker"}) {
+    if (access(candidate.c_str(), X_OK) == 0) return candidate;
+  }
+  return dir + "/kiln_nvrtc_worker";
+}
 
 std::string VersionString() { return absl::StrCat("kilnd ", kKilnVersion, "\n"); }
 
@@ -284,10 +315,42 @@ int Run(int argc, char** argv) {
     Die(kExitEnvironment, absl::StrCat("the C++ compiler --cxx=", absl::GetFlag(FLAGS_cxx),
                                        " is not usable: ", cpu_identity.status().message()));
   }
+  // Keys of each device kind hold only the toolchain that compiles for it (plus kiln's version and
+  // the artifact format, which are common).
+  env.cuda_identity = env.identity;
   for (const auto& [name, value] : *cpu_identity) env.identity.components[name] = value;
   env.identity.components["cpu_prelude"] = cache::Sha256Hex(kernels::CpuPrelude());
   compiler::CpuGraphCompiler cpu_compiler(cpu_options);
-  env.compiler = absl::GetFlag(FLAGS_no_compile) ? nullptr : &cpu_compiler;
+
+  // The CUDA compiler: NVRTC in worker processes. Missing NVRTC is not fatal (CPU still works).
+  compiler::CudaCompilerOptions cuda_options;
+  cuda_options.nvrtc.library = toolchain::FindNvrtcLibrary(absl::GetFlag(FLAGS_nvrtc));
+  cuda_options.nvrtc.worker = NvrtcWorkerPath(absl::GetFlag(FLAGS_nvrtc_worker));
+  cuda_options.nvrtc.timeout = absl::GetFlag(FLAGS_compile_timeout);
+  cuda_options.nvrtc.memory_limit_bytes = std::max<int64_t>(absl::GetFlag(FLAGS_compile_memory_limit_bytes),
+                                                            int64_t{8} << 30);
+  cuda_options.parallel_compiles = std::max(1, absl::GetFlag(FLAGS_cuda_parallel_compiles));
+  absl::StatusOr<std::map<std::string, std::string>> cuda_identity =
+      compiler::CudaGraphCompiler::IdentityComponents(cuda_options);
+  compiler::CudaGraphCompiler cuda_compiler(cuda_options);
+  std::string nvrtc_state;
+  absl::Status cuda_unavailable;
+  if (cuda_identity.ok()) {
+    for (const auto& [name, value] : *cuda_identity) env.cuda_identity.components[name] = value;
+    nvrtc_state = absl::StrCat("NVRTC ", cuda_identity->at("nvrtc"));
+  } else {
+    env.cuda_identity.components["nvrtc"] = "unavailable";
+    cuda_unavailable = absl::FailedPreconditionError(absl::StrCat(
+        "this kilnd cannot compile for CUDA: ", cuda_identity.status().message()));
+    nvrtc_state = "no NVRTC: CUDA targets are not compiled";
+    spdlog::warn("{} (CPU targets are served; set --nvrtc or KILN_NVRTC_PATH)", std::string(cuda_unavailable.message()));
+  }
+  env.cuda_identity.components["cuda_prelude"] = cache::Sha256Hex(kernels::CudaPrelude());
+
+  compiler::ByTargetCompiler by_target;
+  by_target.Set(kiln::v1::DEVICE_KIND_CPU, &cpu_compiler);
+  by_target.Set(kiln::v1::DEVICE_KIND_CUDA, cuda_identity.ok() ? &cuda_compiler : nullptr, cuda_unavailable);
+  env.compiler = absl::GetFlag(FLAGS_no_compile) ? nullptr : &by_target;
 
   CompilerServiceOptions compiler_options;
   compiler_options.debug_delay = absl::GetFlag(FLAGS_debug_rpc_delay);
@@ -331,10 +394,10 @@ int Run(int argc, char** argv) {
   }
   std::string where = address->is_unix ? address->grpc_uri
                                        : absl::StrCat(address->host, ":", selected_port);
-  spdlog::info("kilnd {} serving on {} (cache dir {}, {} entries, {} request threads, {}, pid {})",
+  spdlog::info("kilnd {} serving on {} (cache dir {}, {} entries, {} request threads, {}, {}, pid {})",
                kKilnVersion, where, cache_dir,
                env.cache->store(cache::Tier::kDisk)->Stats().entries, request_threads,
-               env.identity.components["cxx"], getpid());
+               env.identity.components["cxx"], nvrtc_state, getpid());
   // A machine-readable line for scripts and tests that start kilnd on port 0.
   spdlog::info("listening on {}", where);
 

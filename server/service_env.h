@@ -25,7 +25,13 @@ struct ServiceEnv {
   GraphCompiler* compiler = nullptr;  // null: this kilnd compiles nothing (Compile: UNIMPLEMENTED)
   LatencyHistogram* compile_latency = nullptr;
   graph::GraphLimits limits;
-  graph::CompilerIdentity identity;
+  graph::CompilerIdentity identity;       // CPU keys: kiln, artifact format, g++ and its flags, prelude
+  graph::CompilerIdentity cuda_identity;  // CUDA keys: kiln, artifact format, NVRTC, CUDA prelude
+
+  // The toolchain identity that keys for `target` hold.
+  const graph::CompilerIdentity& IdentityFor(const kiln::v1::Target& target) const {
+    return target.device() == kiln::v1::DEVICE_KIND_CUDA ? cuda_identity : identity;
+  }
   std::string cache_dir;
   int64_t cache_max_bytes = 0;
   int64_t max_entry_bytes = 0;  // bound on one stored entry (import checks it)

@@ -726,7 +726,9 @@ class CudaKernelEmitter : public CpuKernelEmitter {
     PopScope();
   }
 
-  // r0..r{m-1} from the flat kiln_r (row-major).
+  // r0..r{m-1} from the flat kiln_r (row-major). The remainder is written as rr - q * e, not
+  // rr % e: NVRTC 13.0 (cicc) crashes (SIGSEGV) on `%` here in some warp-per-row kernels (e.g.
+  // layer norm backward's weight gradient), and the quotient form costs nothing.
   void EmitReduceDecompose() {
     const int m = static_cast<int>(k_.reduce.size());
     if (m == 1) {
@@ -736,8 +738,9 @@ class CudaKernelEmitter : public CpuKernelEmitter {
     w_.Line("idx_t kiln_rr = kiln_r;");
     for (int i = m - 1; i >= 1; --i) {
       const std::string e = SizeCode(k_.reduce[i]);
-      w_.Linef("const idx_t r", i, " = kiln_rr % ", e, ";");
-      w_.Linef("kiln_rr /= ", e, ";");
+      w_.Linef("const idx_t kiln_q", i, " = kiln_rr / ", e, ";");
+      w_.Linef("const idx_t r", i, " = kiln_rr - kiln_q", i, " * ", e, ";");
+      w_.Linef("kiln_rr = kiln_q", i, ";");
     }
     w_.Line("const idx_t r0 = kiln_rr;");
   }
@@ -774,6 +777,7 @@ absl::StatusOr<CudaSource> EmitCudaSource(absl::Span<const Kernel> kernels,
   w.Line("// extern \"C\" __global__ void kiln_kernel_<i>(b0, b1, ..., int64_t n0, ...);");
   if (options.include_prelude) w.Raw(kiln::kernels::CudaPrelude());
   std::string source = w.Take();
+  out.prelude = source;
   for (size_t i = 0; i < kernels.size(); ++i) {
     CudaKernelEmitter emitter(kernels[i], static_cast<int>(i), options);
     absl::StatusOr<std::string> fn = emitter.Emit();

@@ -85,7 +85,10 @@ struct CudaLaunch {
 absl::StatusOr<int64_t> CudaGridSize(const CudaLaunch& launch, const std::vector<int64_t>& scalars);
 
 struct CudaSource {
-  std::string source;                       // the whole NVRTC source
+  std::string source;                       // the whole NVRTC source: prelude + "\n" + each kernel
+  std::string prelude;                      // the text before the first kernel (comments, helpers):
+                                            // prelude + "\n" + kernel_sources[i] + ... is also a
+                                            // complete source, for compiling kernels in parallel
   std::vector<std::string> symbols;         // symbols[i] names kernels[i]
   std::vector<std::string> kernel_sources;  // each kernel's function alone (dumps, golden tests)
   std::vector<CudaLaunch> launches;         // launches[i] for kernels[i]

@@ -16,6 +16,7 @@
 #include "server/codegen/cuda_test_kernels.h"
 #include "server/kernel/test_kernels.h"
 #include "server/toolchain/nvrtc.h"
+#include "server/toolchain/nvrtc_testing.h"
 
 namespace kiln::codegen {
 namespace {
@@ -24,34 +25,10 @@ using namespace ::kiln::kernel;  // NOLINT: tests build IR
 namespace kt = ::kiln::kernel::testing;
 using namespace ::kiln::codegen::testing;  // NOLINT
 
-toolchain::NvrtcOptions Options() {
-  toolchain::NvrtcOptions o;
-  o.worker = absl::StrCat(getenv("TEST_SRCDIR"), "/", getenv("TEST_WORKSPACE"),
-                          "/server/toolchain/kiln_nvrtc_worker");
-#if defined(__SANITIZE_ADDRESS__)
-  o.memory_limit_bytes = 0;  // the ASan-built worker reserves terabytes of shadow: no RLIMIT_AS
-#endif
-  return o;
-}
+using ::kiln::toolchain::testing::ElfMachine;
+using ::kiln::toolchain::testing::HaveNvrtc;
 
-bool HaveNvrtc() {
-  absl::StatusOr<std::string> v = toolchain::NvrtcVersion(Options());
-  if (v.ok()) return true;
-  const char* required = getenv("KILN_REQUIRE_NVRTC");
-  if (required != nullptr && std::string(required) == "1") {
-    ADD_FAILURE() << "NVRTC is required here but not usable: " << v.status();
-  } else {
-    fprintf(stderr, "\n*** NVRTC NOT FOUND: CUDA compile tests are SKIPPED: %s ***\n\n",
-            std::string(v.status().message()).c_str());
-  }
-  return false;
-}
-
-uint16_t ElfMachine(const std::string& elf) {
-  uint16_t m = 0;
-  memcpy(&m, elf.data() + 18, 2);
-  return m;
-}
+toolchain::NvrtcOptions Options() { return toolchain::testing::TestNvrtcOptions(); }
 
 std::vector<std::pair<std::string, absl::StatusOr<Kernel>>> AllKernels() {
   std::vector<std::pair<std::string, absl::StatusOr<Kernel>>> k;

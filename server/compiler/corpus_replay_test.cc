@@ -133,7 +133,7 @@ TEST(CorpusReplayTest, EveryCapturedGraphLowersFusesAndPlans) {
         symbols.push_back(codegen::CpuKernelSymbol(static_cast<int>(symbols.size())));
       }
       PlanStats stats;
-      auto plan = AssemblePlan(*ops, *s, *ks, symbols, 0, &stats);
+      auto plan = AssemblePlan(*ops, *s, *ks, BindToBinary(symbols, 0), &stats);
       ASSERT_TRUE(plan.ok()) << f << ": " << plan.status();
       EXPECT_EQ(CheckPlan(*plan, *ks), "") << f << (disable ? " (fusion disabled)" : "");
       if (!kernels.empty()) {

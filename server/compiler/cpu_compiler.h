@@ -1,7 +1,8 @@
 #ifndef KILN_SERVER_COMPILER_CPU_COMPILER_H_
 #define KILN_SERVER_COMPILER_CPU_COMPILER_H_
 
-// CpuGraphCompiler: the GraphCompiler for CPU targets. One straight-line pipeline (Compile):
+// CpuGraphCompiler: the GraphCompiler for CPU targets. One straight-line pipeline (Compile); the
+// lower, fuse and plan stages are shared with the CUDA compiler (pipeline.h):
 //   lower    server/lower/lower.h        graph IR -> op graph (pointwise, views, row ops, steps)
 //   fuse     server/lower/fuse.h         schedule + fusion decisions; kernelize.h: kernel IR
 //   plan     server/lower/plan_builder.h memory plan (one workspace) + kiln.v1.Plan
@@ -9,8 +10,8 @@
 //   compile  server/toolchain            g++ in a worker process -> Binary KIND_SHARED_OBJECT
 // After each stage the IR is dumped at debug level ("compiler: after <stage>:\n..."), and the
 // stage's time goes into CompileResult.timings_us under the stage's name.
-// Errors: UNIMPLEMENTED for CUDA targets ("CUDA codegen is not built yet") and graphs with
-// symbolic sizes (the client runs them eagerly); INVALID_ARGUMENT for a target that is not CPU;
+// Errors: UNIMPLEMENTED for graphs with symbolic sizes (the client runs them eagerly);
+// INVALID_ARGUMENT for a target that is not CPU (CUDA targets: cuda_compiler.h);
 // INTERNAL for a compiler failure (the compiler's log is in the message) or a lowering bug;
 // DEADLINE_EXCEEDED / RESOURCE_EXHAUSTED from the toolchain's limits. Thread-safe: Compile keeps
 // no state between calls.

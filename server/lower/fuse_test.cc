@@ -68,7 +68,7 @@ Result Pipeline(const v1::Graph& g, bool disable_fusion = false) {
     symbols.push_back(absl::StrCat("k", symbols.size()));
   }
   PlanStats stats;
-  auto plan = AssemblePlan(r.ops, r.schedule, r.kernels, symbols, 0, &stats);
+  auto plan = AssemblePlan(r.ops, r.schedule, r.kernels, BindToBinary(symbols, 0), &stats);
   EXPECT_TRUE(plan.ok()) << plan.status();
   if (plan.ok()) r.plan = std::move(*plan);
   r.aten = stats.extern_steps + stats.fallback_steps;

@@ -155,7 +155,7 @@ class Assembler {
     }
   }
 
-  absl::StatusOr<v1::Plan> Run(const KernelSet& ks, const std::vector<std::string>& symbols, int32_t binary,
+  absl::StatusOr<v1::Plan> Run(const KernelSet& ks, const std::vector<KernelBinding>& bindings,
                                PlanStats* stats) {
     // A step whose results may alias its inputs (a view op run by torch, an unknown op) could
     // hand out workspace memory beyond its lifetime: such inputs get their own allocation.
@@ -185,10 +185,16 @@ class Assembler {
       const int32_t ki = ks.kernel_of_group[it.index];
       if (ki < 0) continue;
       const GraphKernel& gk = ks.kernels[ki];
-      if (ki >= static_cast<int32_t>(symbols.size())) return absl::InternalError("missing kernel symbol");
+      if (ki >= static_cast<int32_t>(bindings.size())) return absl::InternalError("missing kernel binding");
+      const KernelBinding& bind = bindings[ki];
       v1::KernelStep* kst = plan_.add_steps()->mutable_kernel();
-      kst->set_binary(binary);
-      kst->set_symbol(symbols[ki]);
+      kst->set_binary(bind.binary);
+      kst->set_symbol(bind.symbol);
+      if (bind.grid > 0) {
+        kst->add_grid(bind.grid);
+        kst->add_block(bind.block);
+        kst->set_shared_bytes(bind.shared_bytes);
+      }
       for (size_t b = 0; b < gk.args.size(); ++b) {
         KILN_ASSIGN_OR_RETURN(int32_t pi, Ensure(gk.args[b]));
         kst->add_args(pi);
@@ -241,10 +247,15 @@ class Assembler {
 
 }  // namespace
 
+std::vector<KernelBinding> BindToBinary(const std::vector<std::string>& symbols, int32_t binary) {
+  std::vector<KernelBinding> out;
+  for (const std::string& symbol : symbols) out.push_back({binary, symbol});
+  return out;
+}
+
 absl::StatusOr<v1::Plan> AssemblePlan(const OpGraph& g, const Schedule& s, const KernelSet& kernels,
-                                      const std::vector<std::string>& symbols, int32_t binary_index,
-                                      PlanStats* stats) {
-  return Assembler(g, s).Run(kernels, symbols, binary_index, stats);
+                                      const std::vector<KernelBinding>& bindings, PlanStats* stats) {
+  return Assembler(g, s).Run(kernels, bindings, stats);
 }
 
 }  // namespace kiln::lower

@@ -3,8 +3,8 @@
 
 // AssemblePlan: schedule + kernels + memory plan -> a kiln.v1.Plan.
 //
-// Takes the OpGraph, its Schedule, its KernelSet and the kernels' symbols in the binary
-// `binary_index`. Runs PlanMemory over the workspace values and returns the Plan. Errors: INTERNAL
+// Takes the OpGraph, its Schedule, its KernelSet and, per kernel, where the compiled kernel lives
+// (KernelBinding: binary index, symbol, and for CUDA its launch). Runs PlanMemory over the workspace values and returns the Plan. Errors: INTERNAL
 // for inconsistencies; UNIMPLEMENTED for a step argument the plan cannot express.
 //
 // ===== Run-time semantics of a Plan (what the client's executor implements) =====
@@ -27,10 +27,12 @@
 //              is the graph's, informational). Created when its base exists.
 //   STEP       produced by the AtenStep that lists it in `outputs`; the tensor torch returned.
 // Steps run in order.
-//   KernelStep: call `symbol` of binaries[`binary`] (the runtime's kiln_run_steps) with
-//     buffers[j] = data pointer of values[args[j]] at its storage offset (tensor.data_ptr()), and
-//     no scalars (scalar_args is empty: static shapes). Consecutive kernel steps may be handed to
-//     the runtime in one call.
+//   KernelStep: call `symbol` of binaries[`binary`] (CPU: the runtime's kiln_run_steps; CUDA:
+//     kiln_cuda_run_launches on the caller's current stream with gridDim = (grid[0], 1, 1),
+//     blockDim = (block[0], 1, 1) and `shared_bytes` of dynamic shared memory; CPU steps have no
+//     grid/block) with buffers[j] = data pointer of values[args[j]] at its storage offset
+//     (tensor.data_ptr()), and no scalars (scalar_args is empty: static shapes). Consecutive
+//     kernel steps of one binary may be handed to the runtime in one call.
 //   AtenStep: call torch.ops.<target> (target "aten.mm.default" -> torch.ops.aten.mm.default) with
 //     `args` and `kwargs` converted as graph.proto says, where an Argument whose `node` is
 //     "v<i>" is values[i]; lists convert item by item. For registry ops the arguments are in
@@ -70,9 +72,20 @@ struct PlanStats {
   std::string memory_dump;
 };
 
+// Where kernels.kernels[i] lives once compiled, and (CUDA) how it is launched.
+struct KernelBinding {
+  int32_t binary = 0;  // index into Artifact.binaries
+  std::string symbol;
+  int64_t grid = 0;    // CUDA gridDim.x; 0: no launch configuration (CPU)
+  int32_t block = 0;   // CUDA blockDim.x
+  int32_t shared_bytes = 0;
+};
+
+// Bindings for kernels that all live in binary `binary` under `symbols` (CPU).
+std::vector<KernelBinding> BindToBinary(const std::vector<std::string>& symbols, int32_t binary);
+
 absl::StatusOr<::kiln::v1::Plan> AssemblePlan(const OpGraph& g, const Schedule& s, const KernelSet& kernels,
-                                              const std::vector<std::string>& symbols, int32_t binary_index,
-                                              PlanStats* stats);
+                                              const std::vector<KernelBinding>& bindings, PlanStats* stats);
 
 }  // namespace kiln::lower
 

@@ -6,6 +6,7 @@ id; compiles are submitted as soon as each graph is traced, so they overlap. A s
 """
 import concurrent.futures
 import math
+import os
 
 import pytest
 import torch
@@ -381,12 +382,29 @@ def trace(name):
     return gm, request_for(gm, name, kind), fresh
 
 
+# Every graph also compiles for these CUDA architectures with NVRTC (no GPU needed: kilnd
+# compiles for GPUs it does not have). Their numerics are checked on the GPU machine (tests/gpu/).
+CUDA_ARCHS = ("sm_80", "sm_90")
+NVRTC = os.environ.get("KILN_NVRTC_PATH", "")
+REQUIRE_NVRTC = os.environ.get("KILN_REQUIRE_NVRTC") == "1"
+
+
+def cuda_request(request, arch):
+    cuda = proto.CompileRequest()
+    cuda.CopyFrom(request)
+    cuda.target.Clear()
+    cuda.target.device = proto.DEVICE_KIND_CUDA
+    cuda.target.cuda_arch = arch
+    return cuda
+
+
 class Corpus:
     def __init__(self):
         self.server = Kilnd("--compile_workers=2")
         self.client = KilnClient(self.server.address)
         self.pool = concurrent.futures.ThreadPoolExecutor(4)
         self.entries = {}
+        self.cuda = {}  # name -> {arch: future}
         self.summary = Summary()
         for name in CASES:
             try:
@@ -396,6 +414,11 @@ class Corpus:
                 continue
             future = self.pool.submit(self.client.compile, request, timeout=300)
             self.entries[name] = (gm, request, fresh, future)
+        if NVRTC or REQUIRE_NVRTC:
+            for name, entry in self.entries.items():
+                if not isinstance(entry, Exception):
+                    self.cuda[name] = {arch: self.pool.submit(self.client.compile, cuda_request(entry[1], arch),
+                                                              timeout=300) for arch in CUDA_ARCHS}
 
     def close(self):
         self.pool.shutdown()
@@ -428,3 +451,27 @@ def test_graph(corpus, name):
     got = run_plan(response, request, fresh)
     wide = upcast(fresh)
     compare(got, want, name, gold=(lambda: gm(*wide)) if wide is not None else None)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_graph_compiles_for_cuda(corpus, name):
+    """The same graph compiled for sm_80 and sm_90: cubins, the same steps as the CPU plan, and a
+    launch (grid, block) for every kernel step."""
+    if name not in corpus.cuda:
+        if isinstance(corpus.entries[name], Exception):
+            raise corpus.entries[name]
+        pytest.skip("KILN_NVRTC_PATH is not set: kilnd has no NVRTC here (CI sets it)")
+    cpu_plan = corpus.entries[name][3].result().artifact.plan
+    for arch, future in corpus.cuda[name].items():
+        response = future.result()
+        assert response.source in OK_SOURCES, proto.CacheSource.Name(response.source)
+        artifact = response.artifact
+        plan = artifact.plan
+        assert [s.WhichOneof("kind") for s in plan.steps] == [s.WhichOneof("kind") for s in cpu_plan.steps], arch
+        assert all(b.kind == proto.Binary.KIND_CUBIN and b.data[:4] == b"\x7fELF" for b in artifact.binaries)
+        for s in plan.steps:
+            if s.WhichOneof("kind") == "kernel":
+                k = s.kernel
+                assert 0 <= k.binary < len(artifact.binaries), (arch, k.symbol)
+                assert k.symbol.encode() in artifact.binaries[k.binary].data, (arch, k.symbol)
+                assert len(k.grid) == 1 and k.grid[0] >= 1 and len(k.block) == 1 and k.block[0] % 32 == 0
