@@ -1,6 +1,7 @@
 """Compile an aten graph through a real kilnd, run the artifact with kiln's executor, compare with
 eager torch. Shared by tests/python/test_corpus.py and scripts/opinfo_check.py."""
 import collections
+import os
 import tempfile
 
 import torch
@@ -23,10 +24,27 @@ TOLERANCES = {
 }
 
 
+# Where the corpus runs: "cpu" (CI), or "cuda" on the GPU machine (KILN_CORPUS_DEVICE=cuda): inputs,
+# captures and eager references on that device, compiled for its architecture.
+DEVICE = os.environ.get("KILN_CORPUS_DEVICE", "cpu")
+
+
 def target():
+    if DEVICE.startswith("cuda"):
+        major, minor = torch.cuda.get_device_capability(torch.device(DEVICE))
+        return proto.Target(device=proto.DEVICE_KIND_CUDA, cuda_arch=f"sm_{major}{minor}")
     isa = detect_cpu_isa()
     return proto.Target(device=proto.DEVICE_KIND_CPU,
                         cpu_isa=isa if isa.startswith("x86-64-v") else "x86-64-v2")
+
+
+def to_device(t):
+    """t on DEVICE with the same sizes, strides and storage offset (its whole storage moves, so
+    expanded and sliced inputs keep their layout)."""
+    if not isinstance(t, torch.Tensor) or t.device.type == torch.device(DEVICE).type:
+        return t
+    n = t.untyped_storage().nbytes() // t.element_size()
+    return t.as_strided((n,), (1,), 0).to(DEVICE).as_strided(t.shape, t.stride(), t.storage_offset())
 
 
 def request_for(gm, name, kind=proto.GRAPH_KIND_INFERENCE):
@@ -72,13 +90,14 @@ def fresh_like(t, gen):
 
 
 def random_tensor(shape, dtype, gen, low=-20, high=20):
+    """Drawn on the CPU from `gen` (the same values on every device), returned on DEVICE."""
     if dtype == torch.bool:
-        return torch.rand(shape, generator=gen) > 0.5
+        return (torch.rand(shape, generator=gen, device="cpu") > 0.5).to(DEVICE)
     if dtype.is_floating_point:
-        return torch.randn(shape, generator=gen, dtype=torch.float64).to(dtype)
+        return torch.randn(shape, generator=gen, dtype=torch.float64, device="cpu").to(dtype).to(DEVICE)
     if dtype == torch.uint8:
         low = max(low, 0)
-    return torch.randint(low, high, shape, generator=gen, dtype=torch.int64).to(dtype)
+    return torch.randint(low, high, shape, generator=gen, dtype=torch.int64, device="cpu").to(dtype).to(DEVICE)
 
 
 def flatten(out):

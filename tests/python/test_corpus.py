@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from corpus_util import (OK_SOURCES, SUMMARIES, Summary, compare, fresh_like, random_tensor, request_for,
-                         run_plan, upcast)
+from corpus_util import (DEVICE, OK_SOURCES, SUMMARIES, Summary, compare, fresh_like, random_tensor,
+                         request_for, run_plan, to_device, upcast)
 from kiln import proto
 from kiln.rpc import KilnClient
 from kilnd_server import Kilnd
@@ -367,16 +367,17 @@ def capture_aot(fn, inputs):
 def trace(name):
     mode, fn, specs = CASES[name]
     g = torch.Generator().manual_seed(0)
-    inputs = [s(g) for s in specs]
-    if mode == "fx":
-        gm = make_fx(fn, tracing_mode="fake")(*inputs)  # "real" records views at offset 0
-        kind = proto.GRAPH_KIND_INFERENCE
-    else:
-        gm, inputs = capture_aot(fn, inputs)[mode]
-        kind = proto.GRAPH_KIND_FORWARD if mode == "fw" else proto.GRAPH_KIND_BACKWARD
+    inputs = [to_device(s(g)) for s in specs]
+    with torch.device(DEVICE):  # factory calls in the cases (arange, ones, ...) land on DEVICE
+        if mode == "fx":
+            gm = make_fx(fn, tracing_mode="fake")(*inputs)  # "real" records views at offset 0
+            kind = proto.GRAPH_KIND_INFERENCE
+        else:
+            gm, inputs = capture_aot(fn, inputs)[mode]
+            kind = proto.GRAPH_KIND_FORWARD if mode == "fw" else proto.GRAPH_KIND_BACKWARD
     g1 = torch.Generator().manual_seed(1)
     if mode == "fx":
-        fresh = [s(g1) for s in specs]
+        fresh = [to_device(s(g1)) for s in specs]
     else:
         fresh = [fresh_like(t, g1) for t in inputs]
     return gm, request_for(gm, name, kind), fresh
@@ -387,6 +388,9 @@ def trace(name):
 CUDA_ARCHS = ("sm_80", "sm_90")
 NVRTC = os.environ.get("KILN_NVRTC_PATH", "")
 REQUIRE_NVRTC = os.environ.get("KILN_REQUIRE_NVRTC") == "1"
+if DEVICE.startswith("cuda"):  # eager references in full fp32, like kiln's kernels
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
 
 
 def cuda_request(request, arch):
@@ -414,7 +418,7 @@ class Corpus:
                 continue
             future = self.pool.submit(self.client.compile, request, timeout=300)
             self.entries[name] = (gm, request, fresh, future)
-        if NVRTC or REQUIRE_NVRTC:
+        if (NVRTC or REQUIRE_NVRTC) and DEVICE == "cpu":
             for name, entry in self.entries.items():
                 if not isinstance(entry, Exception):
                     self.cuda[name] = {arch: self.pool.submit(self.client.compile, cuda_request(entry[1], arch),
@@ -460,6 +464,8 @@ def test_graph_compiles_for_cuda(corpus, name):
     if name not in corpus.cuda:
         if isinstance(corpus.entries[name], Exception):
             raise corpus.entries[name]
+        if DEVICE != "cpu":
+            pytest.skip("the corpus runs on CUDA itself here (KILN_CORPUS_DEVICE)")
         pytest.skip("KILN_NVRTC_PATH is not set: kilnd has no NVRTC here (CI sets it)")
     cpu_plan = corpus.entries[name][3].result().artifact.plan
     for arch, future in corpus.cuda[name].items():
