@@ -2,7 +2,11 @@
 
 ``torch.compile(model, backend="kiln")`` uses it (registered through the ``torch_dynamo_backends``
 entry point). ``import kiln`` does not import torch (kilnctl and health checks run without it);
-the serializer functions and the backend import it on first use.
+the serializer functions, the backend and ``kiln.precompile`` import it on first use.
+
+``kiln.precompile(model, example_inputs, target="cuda:sm_90", training=False)`` captures a model's
+graphs as ``torch.compile(backend="kiln")`` would and has kilnd compile them for a target without
+running anything (a CPU-only job can fill the cache for GPU nodes); see kiln.precompiler.
 """
 
 from kiln.errors import KilnError, KilnWarning, SerializeError
@@ -10,8 +14,8 @@ from kiln.counters import reset_stats, stats
 
 __version__ = "0.1.0"
 
-__all__ = ["KilnError", "KilnWarning", "SerializeError", "__version__", "deserialize_graph",
-           "reset_stats", "serialize_graph", "stats"]
+__all__ = ["KilnError", "KilnWarning", "PrecompileRecord", "SerializeError", "__version__",
+           "deserialize_graph", "precompile", "reset_stats", "serialize_graph", "stats"]
 
 
 def __getattr__(name):  # PEP 562: load the torch-dependent modules lazily
@@ -23,4 +27,8 @@ def __getattr__(name):  # PEP 562: load the torch-dependent modules lazily
         from kiln.deserialize import deserialize_graph
 
         return deserialize_graph
+    if name in ("precompile", "PrecompileRecord"):
+        from kiln import precompiler
+
+        return getattr(precompiler, name)
     raise AttributeError(f"module 'kiln' has no attribute {name!r}")

@@ -3,8 +3,11 @@
 Registered through the ``torch_dynamo_backends`` entry point (``kiln = "kiln.backend:kiln_backend"``).
 Dynamo hands each captured frame to ``kiln_backend``, which runs AOTAutograd with the min-cut
 partitioner; every forward, backward and inference graph is serialized and sent to kilnd
-(``Compile``, or ``Lookup`` in cache-only mode). A reply with an artifact gives a plan that
-``kiln.executor`` runs; anything else makes that graph run eagerly with torch, with one warning per
+(``Compile``, or ``Lookup`` in cache-only mode); the target is CUDA (``sm_XY`` of the inputs'
+device) when the inputs are on a CUDA device, else the CPU ISA. A reply with an artifact gives a
+plan that ``kiln.executor`` runs (CPU shared objects, or CUDA cubins/PTX launched on torch's
+current stream of the inputs' device; with option ``cuda_graphs``, replayed as CUDA graphs, see
+kiln.cuda_graphs); anything else makes that graph run eagerly with torch, with one warning per
 cause (``KILN_FALLBACK=error`` raises ``kiln.KilnError`` instead). Training never fails because of
 kiln: kiln's own exceptions while preparing a graph are fallbacks too.
 
@@ -34,6 +37,7 @@ from kiln import proto
 from kiln import server as server_mod
 from kiln import counters as stats_mod
 from kiln.errors import KilnError, KilnWarning
+from kiln.runtime import RuntimeUnavailable
 
 log = logging.getLogger("kiln")
 
@@ -71,14 +75,9 @@ def kiln_backend(gm, example_inputs, options=None, mode=None, **unused):
     fn = _FunctionInfo(gm)
     if not fn.admit(opts):
         return _eager_dynamo_graph(gm, fn, opts)
-    from torch._dynamo.backends.common import aot_autograd
-    from torch._functorch.partitioners import min_cut_rematerialization_partition
 
     session = _Session(opts, fn)
-    aot = aot_autograd(fw_compiler=session.compiler(proto.GRAPH_KIND_FORWARD),
-                       bw_compiler=session.compiler(proto.GRAPH_KIND_BACKWARD),
-                       inference_compiler=session.compiler(proto.GRAPH_KIND_INFERENCE),
-                       partition_fn=min_cut_rematerialization_partition)
+    aot = make_aot(session.compiler)
     try:
         return aot(gm, example_inputs)
     except Exception as e:
@@ -91,6 +90,19 @@ def kiln_backend(gm, example_inputs, options=None, mode=None, **unused):
 
 
 kiln_backend.reset = reset
+
+
+def make_aot(compiler_for_kind):
+    """The AOTAutograd backend kiln uses (kiln.precompile too, so that both capture the same
+    graphs): min-cut partitioner, no extra decompositions; compiler_for_kind(GRAPH_KIND_*) gives
+    the compiler of each graph kind."""
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+    return aot_autograd(fw_compiler=compiler_for_kind(proto.GRAPH_KIND_FORWARD),
+                        bw_compiler=compiler_for_kind(proto.GRAPH_KIND_BACKWARD),
+                        inference_compiler=compiler_for_kind(proto.GRAPH_KIND_INFERENCE),
+                        partition_fn=min_cut_rematerialization_partition)
 
 
 def _is_dynamo_control_flow(e):
@@ -352,6 +364,11 @@ class CompiledGraph:
         t0 = time.perf_counter()
         try:
             spec = self._load(response, request, gm)
+        except RuntimeUnavailable as e:
+            self._give_up("runtime_unavailable", f"{self.name} runs eagerly: the kiln runtime cannot run "
+                          f"its compiled kernels here ({_short(e)}).", gm=gm, request=request,
+                          response=response, client=client)
+            return None
         except NotImplementedError as e:
             self._give_up("unsupported_plan", f"{self.name} runs eagerly: this kiln client cannot run "
                           f"its plan yet ({_short(e)}).", gm=gm, request=request, response=response,
@@ -367,6 +384,10 @@ class CompiledGraph:
             times["load"] = time.perf_counter() - t0
             stats_mod.add_to("client_time_s", "load", times["load"])
         stats_mod.add("op_fallbacks", spec.executor.op_fallbacks)
+        if spec.executor.kernel_steps:
+            stats_mod.add("kernel_steps", spec.executor.kernel_steps)
+            stats_mod.add_to("kernel_steps_by_device", "cuda" if spec.executor.cuda else "cpu",
+                             spec.executor.kernel_steps)
         if opts.debug:
             self._dump(gm=gm, request=request, response=response, client=client,
                        outcome=f"runs the plan of key {response.key} "
@@ -392,7 +413,12 @@ class CompiledGraph:
 
             return load_runtime(cache_dir)
 
-        executor = PlanExecutor(artifact, request.graph, constants, runtime_loader=runtime_loader)
+        executor = PlanExecutor(artifact, request.graph, constants, runtime_loader=runtime_loader,
+                                device=graph_device(request.graph))
+        if self.opts.cuda_graphs and executor.cuda:
+            from kiln.cuda_graphs import CudaGraphRunner
+
+            executor = CudaGraphRunner(executor, name=self.name)
         return _Spec(InputGuard(request.graph), executor, response.key)
 
     def _rpc_failed(self, code, details, address, gm, request):
@@ -409,6 +435,8 @@ class CompiledGraph:
             "internal": ("kilnd failed to compile it. Report it with the KILN_DEBUG=1 folder and the "
                          "kilnd log."),
             "resource_exhausted": "kilnd is over one of its limits; it may work on a later try.",
+            "failed_precondition": ("kilnd cannot compile for this target (for CUDA: it has no NVRTC; "
+                                    "see kilnd --nvrtc). Nothing to do here."),
         }.get(cause, "Report it if it persists.")
         self._give_up(cause, f"{self.name} runs eagerly: kilnd at {address} answered "
                       f"{code.name if hasattr(code, 'name') else code}: {details}. {advice}",
@@ -649,6 +677,19 @@ def _fallback(opts, cause, message, warn=True):
 # -- request fields ---------------------------------------------------------------------------
 
 
+def graph_device(graph):
+    """The torch.device of a kiln.proto.Graph's first tensor placeholder (cuda:<index>; an unset
+    index is the current device), or None."""
+    for node in graph.nodes:
+        if node.op == proto.Node.OP_PLACEHOLDER and node.meta.HasField("tensor"):
+            device = node.meta.tensor.device
+            if device.kind == proto.DEVICE_KIND_CUDA:
+                return torch.device("cuda", device.index if device.index >= 0 else torch.cuda.current_device())
+            if device.kind == proto.DEVICE_KIND_CPU:
+                return torch.device("cpu")
+    return None
+
+
 def target_for(example_inputs, opts):
     """The kiln.v1.Target for a graph whose inputs are `example_inputs`."""
     for t in example_inputs:
@@ -746,4 +787,5 @@ def _short(value, limit=300):
     return text if len(text) <= limit else text[:limit] + "..."
 
 
-__all__ = ["kiln_backend", "reset", "target_for", "detect_cpu_isa", "CompiledGraph", "check_artifact"]
+__all__ = ["kiln_backend", "reset", "target_for", "detect_cpu_isa", "CompiledGraph", "check_artifact",
+           "make_aot", "graph_device"]

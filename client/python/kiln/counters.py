@@ -8,8 +8,13 @@ Counted once per graph (not per call):
   misses           Lookup misses in cache-only mode
   graph_fallbacks  graphs run eagerly by torch; ``fallbacks_by_cause`` says why
   op_fallbacks     ops run by torch inside compiled plans (AtenStep.fallback), per loaded plan
+  kernel_steps     compiled kernel steps (KernelStep) in the loaded plans, per loaded plan;
+                   ``kernel_steps_by_device`` splits them (cpu/cuda)
   eager_calls      calls of graphs that ran eagerly (every call)
   plan_calls       calls that ran a compiled plan (every call)
+  cuda_graph_captures, cuda_graph_replays
+                   CUDA-graph mode (option cuda_graphs): graphs captured, and plan calls served by
+                   a replay (the capturing call included)
 Times, in seconds, summed over requests: ``client_time_s`` (serialize, rpc, load) and
 ``server_time_s`` (the phases of CompileResponse.timings).
 Does not import torch.
@@ -33,8 +38,12 @@ def _fresh():
         "graph_fallbacks": 0,
         "fallbacks_by_cause": {},
         "op_fallbacks": 0,
+        "kernel_steps": 0,
+        "kernel_steps_by_device": {"cpu": 0, "cuda": 0},
         "eager_calls": 0,
         "plan_calls": 0,
+        "cuda_graph_captures": 0,
+        "cuda_graph_replays": 0,
         "client_time_s": {"serialize": 0.0, "rpc": 0.0, "load": 0.0},
         "server_time_s": {},
         "keys": [],  # keys of the graphs seen, in order (for tests and debugging), bounded

@@ -145,8 +145,10 @@ def format_plan(plan, artifact=None):
                          f"{flags}{' (node ' + a.node + ')' if a.node else ''}")
         elif kind == "kernel":
             k = step.kernel
+            launch = (f" grid {list(k.grid)} block {list(k.block)}"
+                      f"{f' shared {k.shared_bytes}' if k.shared_bytes else ''}" if k.grid or k.block else "")
             lines.append(f"step {i}: kernel {k.symbol}@binary{k.binary}("
-                         f"{', '.join(f'v{x}' for x in k.args)}; scalars {list(k.scalar_args)})")
+                         f"{', '.join(f'v{x}' for x in k.args)}; scalars {list(k.scalar_args)}){launch}")
         elif kind == "library":
             lines.append(f"step {i}: library {step.library.function}({list(step.library.args)})")
     lines.append("outputs: " + ", ".join(f"v{o}" for o in plan.outputs))

@@ -21,19 +21,33 @@ Contract (how this client reads a Plan; kilnd writes plans to match):
     items map to `outputs` in order; -1 skips an item) becomes a STEP value, or is copied into a value
     that already has storage (OUTPUT, WORKSPACE, VIEW, INPUT). `fallback=True` steps are counted as
     op fallbacks when the plan is loaded.
-  * KernelStep: `symbol` of Artifact.binaries[`binary`] (a CPU shared object), called through the
-    runtime library (kiln.runtime) with buffers = the data pointers of `args` values and scalars =
-    the values of the graph symbols whose indices are listed in `scalar_args`. Consecutive kernel
-    steps go to the runtime in one call.
+  * KernelStep, CPU artifacts (Artifact.target CPU): `symbol` of Artifact.binaries[`binary`] (a
+    KIND_SHARED_OBJECT), called through the runtime library (kiln.runtime, kiln_runtime.h) with
+    buffers = the data pointers of `args` values and scalars = the values of the graph symbols
+    whose indices are listed in `scalar_args`. Consecutive kernel steps go to the runtime in one
+    call.
+  * KernelStep, CUDA artifacts (Artifact.target CUDA): binaries[`binary`] is a KIND_CUBIN or
+    KIND_PTX, loaded through kiln_cuda.h (Runtime.cuda_load) on the CUDA device of the inputs,
+    with that device's torch context current (once per device, at load for the device the graph
+    was compiled for, at the first call on any other), `symbol` resolved in it. A launch has
+    gridDim = (grid[0], 1, 1), blockDim = (block[0], 1, 1) and `shared_bytes` of dynamic shared
+    memory: grid and block must be given, grid[0] in 1..2^31-1, block[0] in 1..1024, any further
+    dimension 1 (the runtime checks block[0] against the kernel's limit). Buffers as for CPU
+    (tensor.data_ptr() of `args` values, which must be CUDA tensors), scalars likewise.
+    Consecutive kernel steps are launched with one kiln_cuda_run_launches call per binary, on
+    torch.cuda.current_stream(device) of the inputs' device, without synchronizing (the stream
+    orders them with the aten steps, which torch runs on the same stream). A binary kind that
+    does not match the target's device is a PlanError; without an NVIDIA driver the load raises
+    kiln.runtime.RuntimeUnavailable (so the graph runs eagerly).
   * Plan.outputs lists value indices in graph output order; -1 marks a graph output that is not a
     tensor (None, as AOTAutograd backward graphs return; or an int/SymInt, evaluated from the
     graph's output metadata). This matches server/lower/plan_builder.h.
-  * LibraryStep, CUDA binaries: not supported yet (NotImplementedError at load, so the graph runs
-    eagerly).
+  * LibraryStep: not supported yet (NotImplementedError at load, so the graph runs eagerly).
 A plan that breaks these rules raises PlanError at load, or at run time when it depends on sizes.
 """
 
 import logging
+import threading
 
 import torch
 
@@ -46,6 +60,10 @@ from kiln.guards import eval_expr, eval_symint
 log = logging.getLogger("kiln")
 
 _PV = proto.PlanValue
+_SO = proto.Binary.KIND_SHARED_OBJECT
+_CUDA_KINDS = (proto.Binary.KIND_CUBIN, proto.Binary.KIND_PTX)
+_MAX_GRID_X = (1 << 31) - 1
+_MAX_BLOCK_X = 1024
 
 
 class PlanError(RuntimeError):
@@ -59,12 +77,14 @@ def _itemsize(dtype):
 class PlanExecutor:
     """Loads a plan once (validates it, resolves targets, loads binaries) and runs it per call."""
 
-    def __init__(self, artifact, graph, constants=None, runtime_loader=None):
+    def __init__(self, artifact, graph, constants=None, runtime_loader=None, device=None):
         """artifact: kiln.proto.Artifact. graph: the request's kiln.proto.Graph (symbols, constants,
         output metadata). constants: {constant name: tensor} held by the client (default: rebuilt
         from Graph.constants). runtime_loader: a callable returning a kiln.runtime.Runtime; called
-        only when the plan has kernel steps."""
+        only when the plan has kernel steps. device: the torch.device the graph's inputs are on;
+        for a CUDA artifact its binaries are loaded there now (else at the first call)."""
         self.artifact = artifact
+        self.cuda = artifact.target.device == proto.DEVICE_KIND_CUDA
         self.plan = plan = artifact.plan
         self.graph = graph
         self.values = list(plan.values)
@@ -111,25 +131,35 @@ class PlanExecutor:
                 tensor = constant_tensor(c)
             self._constants.append(tensor.detach())
         # Steps.
-        self._steps = []  # ("aten", op, args, kwargs, outputs, node) | ("kernels", [(k, args, scalars)])
+        # ("aten", op, args, kwargs, outputs, node) | ("kernels", [(module, k, args, scalars)])
+        # | ("cuda", [CudaLaunchSpec])
+        self._steps = []
         self._kernel_consumers = set()
-        has_kernels = any(s.WhichOneof("kind") == "kernel" for s in plan.steps)
+        self.kernel_steps = sum(1 for s in plan.steps if s.WhichOneof("kind") == "kernel")
         self._runtime = None
         self._modules = {}
-        if has_kernels:
+        self._cuda_modules_by_device = {}  # device index -> {binary index: kiln.runtime.CudaModule}
+        self._cuda_lock = threading.Lock()
+        if self.kernel_steps:
             if runtime_loader is None:
                 raise NotImplementedError("the plan has kernel steps and no runtime library is available")
             self._runtime = runtime_loader()
+            if self.cuda:
+                self._runtime.cuda_init()  # RuntimeUnavailable without an NVIDIA driver
+        batch_kind = "cuda" if self.cuda else "kernels"
         for index, step in enumerate(plan.steps):
             kind = step.WhichOneof("kind")
             if kind == "aten":
                 self._steps.append(self._load_aten(index, step.aten))
             elif kind == "kernel":
-                entry = self._load_kernel(index, step.kernel)
-                if self._steps and self._steps[-1][0] == "kernels":
+                if self.cuda:
+                    entry = self._load_cuda_kernel(index, step.kernel)
+                else:
+                    entry = self._load_kernel(index, step.kernel)
+                if self._steps and self._steps[-1][0] == batch_kind:
                     self._steps[-1][1].append(entry)
                 else:
-                    self._steps.append(("kernels", [entry]))
+                    self._steps.append((batch_kind, [entry]))
             elif kind == "library":
                 raise NotImplementedError(f"step {index}: library step {step.library.function!r} is "
                                           "not supported by this client yet")
@@ -145,6 +175,8 @@ class PlanExecutor:
             for a in out_nodes[0].args[0].list.items:
                 node = by_name.get(a.node) if a.WhichOneof("value") == "node" else None
                 self._output_metas.append((a, node.meta if node is not None else None))
+        if self.cuda and self.kernel_steps and device is not None and device.type == "cuda":
+            self.cuda_modules(device)  # load errors surface now, while the graph can still run eagerly
 
     def _root_of(self, i):
         while self.values[i].storage == _PV.STORAGE_VIEW:
@@ -203,9 +235,9 @@ class PlanExecutor:
         if not 0 <= step.binary < len(self.artifact.binaries):
             raise PlanError(f"{where}: binary {step.binary} does not exist")
         binary = self.artifact.binaries[step.binary]
-        if binary.kind != proto.Binary.KIND_SHARED_OBJECT:
-            raise NotImplementedError(f"{where}: binaries of kind {proto.Binary.Kind.Name(binary.kind)} "
-                                      "are not supported by this client yet")
+        if binary.kind != _SO:
+            raise PlanError(f"{where}: binary {step.binary} is a {_kind_name(binary.kind)} in an "
+                            "artifact for a CPU target (KIND_SHARED_OBJECT expected)")
         module = self._modules.get(step.binary)
         if module is None:
             module = self._runtime.load(binary.data)
@@ -220,6 +252,60 @@ class PlanExecutor:
                 raise PlanError(f"{where}: scalar argument {s} is not a symbol of the graph")
         return (module, kernel, list(step.args), list(step.scalar_args))
 
+    def _load_cuda_kernel(self, index, step):
+        where = f"step {index} (kernel {step.symbol})"
+        if not 0 <= step.binary < len(self.artifact.binaries):
+            raise PlanError(f"{where}: binary {step.binary} does not exist")
+        kind = self.artifact.binaries[step.binary].kind
+        if kind not in _CUDA_KINDS:
+            raise PlanError(f"{where}: binary {step.binary} is a {_kind_name(kind)} in an artifact for "
+                            "a CUDA target (KIND_CUBIN or KIND_PTX expected)")
+        if not step.symbol:
+            raise PlanError(f"{where}: no symbol")
+        for name, dims, limit in (("grid", step.grid, _MAX_GRID_X), ("block", step.block, _MAX_BLOCK_X)):
+            if not dims:
+                raise PlanError(f"{where}: a CUDA kernel step without {name} dimensions")
+            if not 1 <= dims[0] <= limit:
+                raise PlanError(f"{where}: {name}[0] = {dims[0]} is outside 1..{limit}")
+            if any(d != 1 for d in dims[1:]):
+                raise PlanError(f"{where}: {name} {list(dims)}: only the x dimension may exceed 1")
+        if not 0 <= step.shared_bytes < (1 << 32):
+            raise PlanError(f"{where}: shared_bytes = {step.shared_bytes}")
+        for a in step.args:
+            if not 0 <= a < len(self.values):
+                raise PlanError(f"{where}: argument v{a} does not exist")
+            self._kernel_consumers.add(a)
+        for s in step.scalar_args:
+            if not 0 <= s < len(self.graph.symbols):
+                raise PlanError(f"{where}: scalar argument {s} is not a symbol of the graph")
+        return CudaLaunchSpec(step.binary, step.symbol, tuple(step.args), tuple(step.scalar_args),
+                              int(step.grid[0]), int(step.block[0]), int(step.shared_bytes))
+
+    def cuda_modules(self, device):
+        """{binary index: CudaModule} on `device` (a torch.device or index), loading the artifact's
+        CUDA binaries there and resolving every kernel symbol the first time."""
+        index = device if isinstance(device, int) else device.index
+        if index is None:
+            index = torch.cuda.current_device()
+        modules = self._cuda_modules_by_device.get(index)
+        if modules is not None:
+            return modules
+        with self._cuda_lock:
+            modules = self._cuda_modules_by_device.get(index)
+            if modules is not None:
+                return modules
+            modules = {}
+            with _device_guard(index):  # torch's context of that device is the current one
+                for entries in (e for kind, e, *_ in self._steps if kind == "cuda"):
+                    for spec in entries:
+                        module = modules.get(spec.binary)
+                        if module is None:
+                            module = self._runtime.cuda_load(self.artifact.binaries[spec.binary].data, index)
+                            modules[spec.binary] = module
+                        module.add_kernel(spec.symbol)
+            self._cuda_modules_by_device[index] = modules
+            return modules
+
     # -- running ------------------------------------------------------------------------------
 
     def __call__(self, inputs, symbols=None):
@@ -231,6 +317,8 @@ class PlanExecutor:
             for entry in self._steps:
                 if entry[0] == "aten":
                     run.aten(*entry[1:])
+                elif entry[0] == "cuda":
+                    run.cuda_kernels(entry[1])
                 else:
                     run.kernels(entry[1])
             outputs = []
@@ -247,6 +335,41 @@ class PlanExecutor:
         if meta is not None and meta.WhichOneof("kind") == "sym_int":
             return eval_symint(meta.sym_int, symbols)
         return None
+
+
+class CudaLaunchSpec(tuple):
+    """One CUDA kernel step, validated: (binary, symbol, args, scalar_args, grid_x, block_x,
+    shared_bytes)."""
+
+    __slots__ = ()
+
+    def __new__(cls, binary, symbol, args, scalars, grid_x, block_x, shared_bytes):
+        return tuple.__new__(cls, (binary, symbol, args, scalars, grid_x, block_x, shared_bytes))
+
+    binary = property(lambda self: self[0])
+    symbol = property(lambda self: self[1])
+    args = property(lambda self: self[2])
+    scalars = property(lambda self: self[3])
+    grid_x = property(lambda self: self[4])
+    block_x = property(lambda self: self[5])
+    shared_bytes = property(lambda self: self[6])
+
+
+def _kind_name(kind):
+    try:
+        return proto.Binary.Kind.Name(kind)
+    except ValueError:
+        return f"binary kind {kind}"
+
+
+def _device_guard(index):
+    """Makes `index` torch's current CUDA device (and its primary context current) for a block."""
+    return torch.cuda.device(index)
+
+
+def _current_stream(device):
+    """The CUstream (an int) torch enqueues work for `device` on."""
+    return torch.cuda.current_stream(device).cuda_stream
 
 
 class _Run:
@@ -388,3 +511,32 @@ class _Run:
                 values.append(self.symbols[s])
             calls.append((module, kernel, buffers, values))
         runtime.run(calls)
+
+    def cuda_kernels(self, batch):
+        device = self.device
+        if device is None or device.type != "cuda":
+            raise PlanError(f"a plan compiled for CUDA runs on {device or 'no'} tensors")
+        launches = self.cuda_launches(batch, self.ex.cuda_modules(device))
+        self.ex._runtime.cuda_run(launches, _current_stream(device))
+
+    def cuda_launches(self, batch, modules):
+        """The launch table of consecutive CUDA kernel steps: [(module, kernel index, grid_x,
+        block_x, shared_bytes, [buffer pointers], [scalars])] (kiln.runtime.Runtime.cuda_run)."""
+        launches = []
+        for spec in batch:
+            module = modules[spec.binary]
+            buffers = []
+            for a in spec.args:
+                t = self.get(a)
+                if t.device.type != "cuda" and self.device is not None and self.device.type == "cuda":
+                    raise PlanError(f"kernel {spec.symbol}: argument v{a} is on {t.device}, not on "
+                                    f"{self.device}")
+                buffers.append(t.data_ptr())
+            values = []
+            for s in spec.scalars:
+                if s not in self.symbols:
+                    raise PlanError(f"kernel scalar argument: symbol {s} has no value")
+                values.append(self.symbols[s])
+            launches.append((module, module.add_kernel(spec.symbol), spec.grid_x, spec.block_x,
+                             spec.shared_bytes, buffers, values))
+        return launches

@@ -17,6 +17,7 @@
 | cpu_isa                   | KILN_CPU_ISA                   | detected x86-64 level (x86-64-v2/v3/v4)  |
 | deterministic             | KILN_DETERMINISTIC             | False (CompileOptions.deterministic)     |
 | disable_fusion            | KILN_DISABLE_FUSION            | False (CompileOptions.disable_fusion)    |
+| cuda_graphs               | KILN_CUDA_GRAPHS               | False (True: CUDA plans replay captured CUDA graphs, kiln.cuda_graphs) |
 
 Booleans accept 1/0, true/false, yes/no, on/off. Unknown option names are an error (a typo must not
 silently change nothing). This module does not import torch.
@@ -89,6 +90,7 @@ class Options:
     cpu_isa: str = ""
     deterministic: bool = False
     disable_fusion: bool = False
+    cuda_graphs: bool = False
 
     @property
     def embedded(self):
@@ -113,6 +115,7 @@ _ENV = {
     "cpu_isa": "KILN_CPU_ISA",
     "deterministic": "KILN_DETERMINISTIC",
     "disable_fusion": "KILN_DISABLE_FUSION",
+    "cuda_graphs": "KILN_CUDA_GRAPHS",
 }
 ENV_VARS = dict(_ENV)
 

@@ -8,6 +8,13 @@ Where the library comes from, first match wins:
      built) or, for an editable install from a checkout, the repository's ``runtime/``.
 A source change gives a new hash, so a stale library is never used. Errors raise RuntimeUnavailable
 (the graph then runs eagerly) saying what is missing.
+
+CUDA (runtime/kiln_cuda.h, in the same library): ``Runtime.cuda_init()``, ``Runtime.cuda_load(data,
+device)`` -> CudaModule (a cubin or PTX loaded in the context current on the calling thread, else
+the primary context of `device`), ``Runtime.cuda_run(launches, stream)``. The driver (libcuda) is
+opened by the library at first use; without it (or without a device) these raise
+RuntimeUnavailable with the runtime's message; any other failing call raises RuntimeCallError with
+the runtime's message (it names the driver call and the CUresult).
 """
 
 import ctypes
@@ -19,6 +26,7 @@ import subprocess
 import threading
 
 ABI_VERSION = 1
+KILN_ERROR_UNAVAILABLE = 5  # runtime/kiln_cuda.h: no NVIDIA driver (libcuda) or no device
 
 
 class RuntimeUnavailable(NotImplementedError):
@@ -32,6 +40,13 @@ class RuntimeCallError(RuntimeError):
 class _Step(ctypes.Structure):
     _fields_ = [("kernel", ctypes.c_int32), ("reserved", ctypes.c_int32),
                 ("buffers", ctypes.POINTER(ctypes.c_void_p)),
+                ("scalars", ctypes.POINTER(ctypes.c_int64))]
+
+
+class _CudaLaunch(ctypes.Structure):  # kiln_cuda_launch
+    _fields_ = [("kernel", ctypes.c_int32), ("grid_x", ctypes.c_uint32), ("block_x", ctypes.c_uint32),
+                ("shared_bytes", ctypes.c_uint32), ("num_buffers", ctypes.c_int32),
+                ("num_scalars", ctypes.c_int32), ("buffers", ctypes.POINTER(ctypes.c_void_p)),
                 ("scalars", ctypes.POINTER(ctypes.c_int64))]
 
 
@@ -107,6 +122,32 @@ class Module:
                 pass
 
 
+class CudaModule:
+    """A cubin/PTX loaded by kiln_cuda_module_load on one device (unloaded when collected)."""
+
+    def __init__(self, runtime, handle, device):
+        self._rt, self._handle, self.device = runtime, handle, device
+        self._kernels = {}
+
+    def add_kernel(self, symbol):
+        """The kernel index of `symbol` (resolved once)."""
+        if symbol not in self._kernels:
+            index = ctypes.c_int32()
+            self._rt._cuda_check(self._rt.lib.kiln_cuda_module_add_kernel(self._handle, symbol.encode(),
+                                                                         ctypes.byref(index)),
+                                 f"kernel {symbol!r}")
+            self._kernels[symbol] = index.value
+        return self._kernels[symbol]
+
+    def __del__(self):
+        handle, self._handle = getattr(self, "_handle", None), None
+        if handle:
+            try:
+                self._rt.lib.kiln_cuda_module_unload(handle)
+            except Exception:  # pragma: no cover  (interpreter shutdown)
+                pass
+
+
 class Runtime:
     def __init__(self, path):
         try:
@@ -115,6 +156,7 @@ class Runtime:
             raise RuntimeUnavailable(f"cannot load the kiln runtime {path}: {e}") from None
         self.path = path
         self.lib = lib
+        self._cuda_bound = False
         lib.kiln_runtime_abi_version.restype = ctypes.c_int
         lib.kiln_last_error.restype = ctypes.c_char_p
         lib.kiln_module_load.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_void_p)]
@@ -125,6 +167,82 @@ class Runtime:
         if version != ABI_VERSION:
             raise RuntimeUnavailable(f"the kiln runtime {path} has ABI version {version}; this client "
                                      f"speaks {ABI_VERSION}")
+
+    # -- CUDA (kiln_cuda.h) ----------------------------------------------------------------------
+
+    def _bind_cuda(self):
+        if self._cuda_bound:
+            return
+        lib = self.lib
+        try:
+            lib.kiln_cuda_last_error.restype = ctypes.c_char_p
+            lib.kiln_cuda_init.restype = ctypes.c_int
+            lib.kiln_cuda_module_load.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
+                                                  ctypes.POINTER(ctypes.c_void_p)]
+            lib.kiln_cuda_module_add_kernel.argtypes = [ctypes.c_void_p, ctypes.c_char_p,
+                                                        ctypes.POINTER(ctypes.c_int32)]
+            lib.kiln_cuda_run_launches.argtypes = [ctypes.c_void_p, ctypes.POINTER(_CudaLaunch),
+                                                   ctypes.c_int32, ctypes.c_void_p]
+            lib.kiln_cuda_stream_synchronize.argtypes = [ctypes.c_void_p]
+            lib.kiln_cuda_module_unload.argtypes = [ctypes.c_void_p]
+        except AttributeError as e:
+            raise RuntimeUnavailable(f"the kiln runtime {self.path} has no CUDA support "
+                                     f"(kiln_cuda.h): {e}") from None
+        self._cuda_bound = True
+
+    def _cuda_check(self, code, what):
+        if code != 0:
+            message = (self.lib.kiln_cuda_last_error() or b"").decode(errors="replace")
+            error = RuntimeUnavailable if code == KILN_ERROR_UNAVAILABLE else RuntimeCallError
+            raise error(f"kiln CUDA runtime: {what}: error {code}: {message}")
+
+    def cuda_init(self):
+        """Opens the NVIDIA driver (idempotent); RuntimeUnavailable without one."""
+        self._bind_cuda()
+        self._cuda_check(self.lib.kiln_cuda_init(), "initializing CUDA")
+
+    def cuda_load(self, data, device):
+        """Loads a cubin or PTX; device: the CUDA device index (used when no context is current)."""
+        self._bind_cuda()
+        handle = ctypes.c_void_p()
+        buf = ctypes.create_string_buffer(bytes(data), len(data))
+        self._cuda_check(self.lib.kiln_cuda_module_load(buf, len(data), int(device), ctypes.byref(handle)),
+                         f"loading a CUDA binary on device {device}")
+        return CudaModule(self, handle, device)
+
+    def cuda_run(self, launches, stream):
+        """launches: [(module, kernel index, grid_x, block_x, shared_bytes, [buffer pointers],
+        [int64 scalars])]; stream: a CUstream as an int (0: the legacy default stream).
+        Consecutive launches of one module go to kiln_cuda_run_launches together; returns without
+        synchronizing."""
+        self._bind_cuda()
+        i = 0
+        while i < len(launches):
+            j = i
+            while j < len(launches) and launches[j][0] is launches[i][0]:
+                j += 1
+            group = launches[i:j]
+            table = (_CudaLaunch * len(group))()
+            keep = []
+            for entry, (_, kernel, grid, block, shared, buffers, scalars) in zip(table, group):
+                b = (ctypes.c_void_p * max(len(buffers), 1))(*buffers)
+                c = (ctypes.c_int64 * max(len(scalars), 1))(*scalars)
+                keep.append((b, c))
+                entry.kernel, entry.grid_x, entry.block_x, entry.shared_bytes = kernel, grid, block, shared
+                entry.num_buffers, entry.num_scalars = len(buffers), len(scalars)
+                entry.buffers = ctypes.cast(b, ctypes.POINTER(ctypes.c_void_p))
+                entry.scalars = ctypes.cast(c, ctypes.POINTER(ctypes.c_int64))
+            self._cuda_check(self.lib.kiln_cuda_run_launches(group[0][0]._handle, table, len(group),
+                                                             ctypes.c_void_p(stream or None)),
+                             "launching kernels")
+            i = j
+
+    def cuda_synchronize(self, stream):
+        self._bind_cuda()
+        self._cuda_check(self.lib.kiln_cuda_stream_synchronize(ctypes.c_void_p(stream or None)),
+                         "synchronizing a stream")
+
+    # -- errors ---------------------------------------------------------------------------------
 
     def _check(self, code, what):
         if code != 0:

@@ -1,0 +1,415 @@
+"""The executor's CUDA path without a GPU: plan validation, the launch table built from a plan
+(which module, kernel, grid/block/shared bytes and data pointers each launch gets), module loading
+per device through a stand-in runtime, the runtime's CUDA bindings when libcuda is absent
+(RuntimeUnavailable with the runtime's message), and the CUDA-graph helpers that need no device.
+What needs a GPU is in tests/gpu/test_cuda_backend.py."""
+
+import contextlib
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from kiln import cuda_graphs, executor, proto, runtime, testing
+from kiln.executor import CudaLaunchSpec, PlanError, PlanExecutor
+
+PV = proto.PlanValue
+SM90 = proto.Target(device=proto.DEVICE_KIND_CUDA, cuda_arch="sm_90")
+CUBIN = proto.Binary.KIND_CUBIN
+
+
+def meta(sizes, kind=proto.DEVICE_KIND_CUDA):
+    m = proto.TensorMeta(dtype=proto.DTYPE_FLOAT32, device=proto.Device(kind=kind, index=0))
+    for s in sizes:
+        m.sizes.add(constant=s)
+    for s in torch.empty(sizes, device="meta").stride():
+        m.strides.add(constant=s)
+    return m
+
+
+def value(plan, sizes, storage, index=0, offset=0):
+    v = plan.values.add(storage=storage, index=index, offset=offset)
+    v.meta.CopyFrom(meta(sizes))
+    return len(plan.values) - 1
+
+
+def kernel(plan, binary, symbol, args, grid=(4,), block=(128,), shared=0):
+    k = plan.steps.add().kernel
+    k.binary, k.symbol, k.shared_bytes = binary, symbol, shared
+    k.args.extend(args)
+    k.grid.extend(grid)
+    k.block.extend(block)
+    return k
+
+
+def two_binary_plan():
+    """a, b inputs [8]; t (workspace) = k0(a, b); out = k1(t); an aten step; out2 = k0@binary1(out)."""
+    plan = proto.Plan(num_inputs=2, workspace_bytes=64)
+    a, b = value(plan, [8], PV.STORAGE_INPUT, 0), value(plan, [8], PV.STORAGE_INPUT, 1)
+    t = value(plan, [8], PV.STORAGE_WORKSPACE, offset=0)
+    out = value(plan, [8], PV.STORAGE_OUTPUT)
+    neg = value(plan, [8], PV.STORAGE_STEP)
+    out2 = value(plan, [8], PV.STORAGE_OUTPUT)
+    kernel(plan, 0, "kiln_kernel_0", [a, b, t], grid=(1,), block=(256,))
+    kernel(plan, 0, "kiln_kernel_1", [t, out], grid=(2, 1, 1), block=(64, 1), shared=128)
+    step = plan.steps.add().aten
+    step.target = "aten.neg.default"
+    step.args.add(node=f"v{out}")
+    step.outputs.append(neg)
+    kernel(plan, 1, "kiln_kernel_0", [neg, out2], grid=(3,), block=(32,))
+    plan.outputs.extend([out, out2])
+    return plan
+
+
+def artifact_of(plan, target=SM90, kinds=(CUBIN, proto.Binary.KIND_PTX)):
+    return testing.make_artifact(plan, target, [proto.Binary(kind=k, data=f"binary {i}".encode())
+                                                for i, k in enumerate(kinds)])
+
+
+class FakeModule:
+    def __init__(self, data, device):
+        self.data, self.device, self.kernels = data, device, {}
+
+    def add_kernel(self, symbol):
+        return self.kernels.setdefault(symbol, len(self.kernels))
+
+
+class FakeRuntime:
+    def __init__(self):
+        self.inits, self.loads, self.runs = 0, [], []
+
+    def cuda_init(self):
+        self.inits += 1
+
+    def cuda_load(self, data, device):
+        self.loads.append((bytes(data), device))
+        return FakeModule(bytes(data), device)
+
+    def cuda_run(self, launches, stream):
+        self.runs.append((launches, stream))
+
+
+@pytest.fixture
+def no_device_guard(monkeypatch):
+    monkeypatch.setattr(executor, "_device_guard", lambda index: contextlib.nullcontext())
+
+
+def test_launch_table_from_a_plan(no_device_guard, monkeypatch):
+    rt = FakeRuntime()
+    ex = PlanExecutor(artifact_of(two_binary_plan()), proto.Graph(), runtime_loader=lambda: rt)
+    assert rt.inits == 1 and rt.loads == []  # no device known yet: binaries load at the first call
+    assert ex.cuda and ex.kernel_steps == 3
+    assert [s[0] for s in ex._steps] == ["cuda", "aten", "cuda"]
+    first, last = ex._steps[0][1], ex._steps[2][1]
+    assert first == [CudaLaunchSpec(0, "kiln_kernel_0", (0, 1, 2), (), 1, 256, 0),
+                     CudaLaunchSpec(0, "kiln_kernel_1", (2, 3), (), 2, 64, 128)]
+    assert last == [CudaLaunchSpec(1, "kiln_kernel_0", (4, 5), (), 3, 32, 0)]
+
+    modules = ex.cuda_modules(torch.device("cuda", 2))
+    assert rt.loads == [(b"binary 0", 2), (b"binary 1", 2)]
+    assert ex.cuda_modules(2) is modules and len(rt.loads) == 2  # once per device
+    assert modules[0].kernels == {"kiln_kernel_0": 0, "kiln_kernel_1": 1}
+    assert modules[1].kernels == {"kiln_kernel_0": 0}
+
+    # The table for the first batch, with CPU tensors standing in for device memory.
+    monkeypatch.setattr(executor._Run, "device_of", lambda self, i: torch.device("cpu"))
+    a, b = torch.randn(8), torch.randn(8)
+    run = executor._Run(ex, [a, b], {})
+    launches = run.cuda_launches(first, modules)
+    t, out = run.env[2], run.env[3]
+    assert t.data_ptr() == run.workspace.data_ptr()
+    assert launches == [
+        (modules[0], 0, 1, 256, 0, [a.data_ptr(), b.data_ptr(), t.data_ptr()], []),
+        (modules[0], 1, 2, 64, 128, [t.data_ptr(), out.data_ptr()], []),
+    ]
+    # Run on CPU tensors: refused, nothing launched.
+    with pytest.raises(PlanError, match="compiled for CUDA runs on cpu"):
+        ex([a, b])
+    assert rt.runs == []
+
+
+def test_binaries_load_at_plan_load_when_the_device_is_known(no_device_guard):
+    rt = FakeRuntime()
+    PlanExecutor(artifact_of(two_binary_plan()), proto.Graph(), runtime_loader=lambda: rt,
+                 device=torch.device("cuda", 0))
+    assert rt.loads == [(b"binary 0", 0), (b"binary 1", 0)]
+    rt = FakeRuntime()
+    PlanExecutor(artifact_of(two_binary_plan()), proto.Graph(), runtime_loader=lambda: rt,
+                 device=torch.device("cpu"))
+    assert rt.loads == []
+
+
+def test_plans_without_kernel_steps_need_no_runtime():
+    plan = proto.Plan(num_inputs=1)
+    x = value(plan, [3], PV.STORAGE_INPUT, 0)
+    plan.outputs.append(x)
+    ex = PlanExecutor(artifact_of(plan, kinds=()), proto.Graph())
+    assert ex.cuda and ex.kernel_steps == 0
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda k: k.ClearField("grid"), "without grid"),
+    (lambda k: k.ClearField("block"), "without block"),
+    (lambda k: k.grid.__setitem__(0, 0), r"grid\[0\] = 0 is outside"),
+    (lambda k: k.grid.__setitem__(0, 1 << 31), "is outside"),
+    (lambda k: k.block.__setitem__(0, 2048), r"block\[0\] = 2048 is outside 1..1024"),
+    (lambda k: k.grid.append(2), "only the x dimension"),
+    (lambda k: k.block.extend([1, 4]), "only the x dimension"),
+    (lambda k: k.__setattr__("shared_bytes", -1), "shared_bytes"),
+    (lambda k: k.__setattr__("binary", 7), "binary 7 does not exist"),
+    (lambda k: k.__setattr__("symbol", ""), "no symbol"),
+    (lambda k: k.args.append(99), "v99 does not exist"),
+    (lambda k: k.scalar_args.append(0), "scalar argument 0"),
+])
+def test_malformed_cuda_kernel_steps_are_refused(mutate, message):
+    plan = two_binary_plan()
+    mutate(plan.steps[0].kernel)
+    with pytest.raises(PlanError, match=message):
+        PlanExecutor(artifact_of(plan), proto.Graph(), runtime_loader=FakeRuntime)
+
+
+def test_binary_kinds_must_match_the_target():
+    with pytest.raises(PlanError, match="KIND_SHARED_OBJECT in an artifact for a CUDA target"):
+        PlanExecutor(artifact_of(two_binary_plan(), kinds=(proto.Binary.KIND_SHARED_OBJECT, CUBIN)),
+                     proto.Graph(), runtime_loader=FakeRuntime)
+    cpu = proto.Target(device=proto.DEVICE_KIND_CPU, cpu_isa="x86-64-v2")
+    with pytest.raises(PlanError, match="KIND_CUBIN in an artifact for a CPU target"):
+        PlanExecutor(artifact_of(two_binary_plan(), target=cpu), proto.Graph(),
+                     runtime_loader=lambda: object())
+
+
+def test_runtime_errors_surface_at_load():
+    class NoDriver(FakeRuntime):
+        def cuda_init(self):
+            raise runtime.RuntimeUnavailable("kiln CUDA runtime: initializing CUDA: error 5: no libcuda")
+
+    with pytest.raises(runtime.RuntimeUnavailable, match="no libcuda"):
+        PlanExecutor(artifact_of(two_binary_plan()), proto.Graph(), runtime_loader=NoDriver)
+
+
+needs_build = pytest.mark.skipif(shutil.which("g++") is None or runtime.source_dir() is None,
+                                 reason="needs g++ and the runtime sources (runtime/ in the checkout)")
+
+
+@needs_build
+def test_real_runtime_without_libcuda_raises_runtime_unavailable(tmp_path):
+    """In a child process whose KILN_LIBCUDA_PATH names no library (so this holds on GPU machines
+    too): the runtime's own message comes through, as RuntimeUnavailable, at plan load."""
+    lib = runtime.build(str(tmp_path / "cache"))
+    script = textwrap.dedent(f"""
+        import sys
+        sys.path[:0] = {sys.path!r}
+        from kiln import runtime, proto, testing
+        from kiln.executor import PlanExecutor
+        rt = runtime.Runtime({lib!r})
+        try:
+            rt.cuda_init()
+        except runtime.RuntimeUnavailable as e:
+            print("init:", e)
+        try:
+            rt.cuda_load(b"not a cubin", 0)
+        except runtime.RuntimeCallError as e:
+            print("load:", e)
+        plan = proto.Plan(num_inputs=0)
+        k = plan.steps.add().kernel
+        k.symbol = "kiln_kernel_0"; k.grid.append(1); k.block.append(32)
+        artifact = testing.make_artifact(plan, proto.Target(device=proto.DEVICE_KIND_CUDA, cuda_arch="sm_90"),
+                                         [proto.Binary(kind=proto.Binary.KIND_CUBIN, data=b"x")])
+        try:
+            PlanExecutor(artifact, proto.Graph(), runtime_loader=lambda: rt)
+        except runtime.RuntimeUnavailable as e:
+            print("plan:", type(e).__name__)
+    """)
+    env = dict(os.environ, KILN_LIBCUDA_PATH=str(tmp_path / "no" / "libcuda.so.1"))
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("init: kiln CUDA runtime: initializing CUDA: error 5: ")
+    assert "libcuda" in lines[0] and "KILN_LIBCUDA_PATH" in lines[0]
+    assert lines[1].startswith("load: kiln CUDA runtime: loading a CUDA binary on device 0: error ")
+    assert "neither a cubin nor PTX" in lines[1]
+    assert lines[2] == "plan: RuntimeUnavailable"
+
+
+def test_copy_out_keeps_layout_and_aliasing():
+    base = torch.arange(40, dtype=torch.float32)
+    a = base[4:20].view(4, 4).t()  # strided view at offset 4
+    b = base[8:12]  # overlaps a
+    c = torch.randn(3, 2)
+    d = base.view(torch.int32)[30:34]  # the same storage seen as another dtype
+    e = torch.empty(0, 5)
+    out = cuda_graphs.copy_out([a, None, b, c, 7, d, e, c], keep={7})
+    for got, want in zip(out, [a, None, b, c, 7, d, e, c]):
+        if isinstance(want, torch.Tensor):
+            assert got.shape == want.shape and got.stride() == want.stride() and got.dtype == want.dtype
+            assert torch.equal(got, want)
+        else:
+            assert got == want
+    assert out[7] is c  # kept as is
+    assert out[0].untyped_storage().data_ptr() != base.untyped_storage().data_ptr()
+    # One new storage for the three views of `base`, at the same relative offsets.
+    storages = {out[i].untyped_storage().data_ptr() for i in (0, 2, 5)}
+    assert len(storages) == 1
+    assert out[2].storage_offset() - out[0].storage_offset() == 4
+    base.fill_(-1)  # the copies are independent of the originals
+    assert torch.equal(out[2], torch.arange(8, 12, dtype=torch.float32))
+    out[0][0, 0] = 100.0  # ... and still alias each other as the originals did
+    assert out[2][0] != 100.0 and out[0].flatten()[0] == 100.0
+    out[2][0] = 55.0
+    assert out[0][0, 1] == 55.0
+
+
+def test_graphs_that_mutate_inputs_are_not_captured():
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from kiln import serialize_graph
+
+    def pure(x):
+        return torch.relu(x) * 2
+
+    def mutating(x, y):
+        x.add_(1)
+        return x * y
+
+    assert cuda_graphs.graph_refusal(serialize_graph(make_fx(pure)(torch.randn(3)))) is None
+    graph = serialize_graph(make_fx(mutating)(torch.randn(3), torch.randn(3)))
+    assert "mutates its arguments" in cuda_graphs.graph_refusal(graph)
+
+
+class FakeGraphs:
+    """Stands in for torch.cuda in kiln.cuda_graphs: a "graph" re-runs the captured function at
+    replay and writes its results into the captured outputs, as a replay writes the same memory."""
+
+    def __init__(self):
+        self.captures, self.replays = 0, 0
+
+    def applies(self, device):
+        return True
+
+    def capturing(self, device):
+        return False
+
+    def capture(self, run, device):
+        run()  # the warm-up
+        outputs = run()
+        self.captures += 1
+        return (run, outputs), outputs
+
+    def replay(self, graph, device):
+        run, outputs = graph
+        for o, n in zip(outputs, run()):
+            if isinstance(o, torch.Tensor):
+                o.copy_(n)
+        self.replays += 1
+
+    def wait(self, event, device):
+        pass
+
+    def record(self, event, device):
+        return event
+
+
+def runner_for(fn, *args):
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from kiln import serialize_graph
+
+    graph = serialize_graph(make_fx(fn)(*args))
+    cpu = proto.Target(device=proto.DEVICE_KIND_CPU, cpu_isa="x86-64-v2")
+    ex = PlanExecutor(testing.make_artifact(testing.aten_plan(graph), cpu), graph)
+    return cuda_graphs.CudaGraphRunner(ex, max_graphs=2)
+
+
+@pytest.fixture
+def fake_graphs(monkeypatch):
+    from kiln import counters
+
+    fake = FakeGraphs()
+    monkeypatch.setattr(cuda_graphs, "_DEVICE", fake)
+    counters.reset_stats()
+    yield fake
+    counters.reset_stats()
+
+
+def test_cuda_graph_runner_warms_up_captures_and_replays(fake_graphs):
+    from kiln import counters
+
+    def fn(x, w):
+        return torch.relu(x @ w) + 1, x, x.t()
+
+    w = torch.nn.Parameter(torch.randn(8, 3))
+    runner = runner_for(fn, torch.randn(4, 8), w.detach())
+    assert runner.refusal is None and runner.op_fallbacks == runner.executor.op_fallbacks
+    xs = [torch.randn(4, 8) for _ in range(4)]
+    outs = []
+    for i, x in enumerate(xs):
+        out = runner([x, w])
+        outs.append(out)
+        assert fake_graphs.captures == (0 if i == 0 else 1)
+        assert fake_graphs.replays == max(0, i)
+        # Outputs that are the input (or a view of it) are views of this call's input.
+        assert out[1].untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
+        assert out[2].untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
+        assert out[2].stride() == (1, 8) and torch.equal(out[2], x.t())
+    for x, out in zip(xs, outs):  # earlier results were copied out, not overwritten
+        torch.testing.assert_close(out[0], torch.relu(x @ w.detach()) + 1)
+    s = counters.stats()
+    assert s["cuda_graph_captures"] == 1 and s["cuda_graph_replays"] == 3
+    # Parameters are read in place: an in-place update is seen without a new capture ...
+    with torch.no_grad():
+        w.mul_(2)
+    torch.testing.assert_close(runner([xs[0], w])[0], torch.relu(xs[0] @ w.detach()) + 1)
+    assert fake_graphs.captures == 1
+    # ... another parameter (another address) is another key: warm-up, then a second capture.
+    w2 = torch.nn.Parameter(torch.randn(8, 3))
+    for _ in range(2):
+        torch.testing.assert_close(runner([xs[1], w2])[0], torch.relu(xs[1] @ w2.detach()) + 1)
+    assert fake_graphs.captures == 2
+    # Past max_graphs (2), new keys run without a graph.
+    w3 = torch.nn.Parameter(torch.randn(8, 3))
+    for _ in range(3):
+        torch.testing.assert_close(runner([xs[2], w3])[0], torch.relu(xs[2] @ w3.detach()) + 1)
+    assert fake_graphs.captures == 2
+
+
+def test_cuda_graph_runner_copies_strided_and_expanded_inputs(fake_graphs):
+    def fn(x, y):
+        return ((x * y).sum(0),)
+
+    runner = runner_for(fn, torch.randn(1, 8).expand(4, 8), torch.randn(8, 4).t())
+    for i in range(4):
+        x = torch.randn(1, 8).expand(4, 8)  # stride 0: its span is one row
+        y = torch.randn(8, 4).t()
+        torch.testing.assert_close(runner([x, y])[0], (x * y).sum(0))
+    assert fake_graphs.captures == 1 and fake_graphs.replays == 3
+
+
+def test_cuda_graph_runner_leaves_mutating_graphs_alone(fake_graphs):
+    def fn(x, y):
+        x.add_(1)
+        return (x * y,)
+
+    runner = runner_for(fn, torch.randn(3), torch.randn(3))
+    assert "mutates" in runner.refusal
+    for _ in range(3):
+        x, y = torch.randn(3), torch.randn(3)
+        want = (x + 1) * y
+        torch.testing.assert_close(runner([x, y])[0], want)
+    assert fake_graphs.captures == 0
+
+
+def test_cuda_graph_runner_gives_up_on_a_failing_capture(fake_graphs, monkeypatch):
+    def fail(run, device):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(fake_graphs, "capture", fail)
+    runner = runner_for(lambda x: (x.exp(),), torch.randn(3))
+    for _ in range(4):
+        x = torch.randn(3)
+        torch.testing.assert_close(runner([x])[0], x.exp())
+    assert fake_graphs.replays == 0 and "capture failed (RuntimeError: operation not permitted" in runner.refusal

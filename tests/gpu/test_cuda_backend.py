@@ -1,0 +1,206 @@
+"""torch.compile(backend="kiln") on CUDA tensors, end to end on a GPU: kilnd compiles the graphs for
+the GPU's sm_XY (NVRTC), the client loads the cubins through the runtime (runtime/kiln_cuda.h) and
+launches them on torch's current stream, next to the aten steps (GEMMs) torch runs.
+
+Run on the GPU machine from the repository root (torch with CUDA, g++ for the runtime library, a
+kilnd binary; no Bazel needed there):
+
+    KILND=/path/to/kilnd python -m pytest -q tests/gpu/test_cuda_backend.py
+
+KILND defaults to bazel-bin/server/kilnd. kilnd finds NVRTC through --nvrtc, which this test sets to
+the libnvrtc.so.* of the nvidia-cuda-nvrtc wheel torch depends on when there is one (else
+KILN_NVRTC_PATH, /usr/local/cuda/lib64, the loader's path). Skipped without a CUDA device.
+
+Tolerances (kiln's kernels reduce in another order than torch's; GEMMs are torch's own):
+  float32 outputs rtol 1e-4, atol 1e-5; float32 gradients rtol 1e-4, atol 1e-4;
+  bfloat16 outputs rtol 2e-2, atol 2e-2 (one bf16 rounding of the output apart).
+"""
+import glob
+import os
+import pathlib
+import sys
+import warnings
+
+import pytest
+import torch
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tests" / "python"))
+sys.path.insert(0, str(REPO / "client" / "python"))
+
+import kiln  # noqa: E402
+import kiln.backend  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+F32 = dict(rtol=1e-4, atol=1e-5)
+F32_GRAD = dict(rtol=1e-4, atol=1e-4)
+BF16 = dict(rtol=2e-2, atol=2e-2)
+
+
+def nvrtc_library():
+    if os.environ.get("KILN_NVRTC_PATH"):
+        return os.environ["KILN_NVRTC_PATH"]
+    for pattern in (f"{sys.prefix}/lib/python3*/site-packages/nvidia/cu*/lib/libnvrtc.so.*",
+                    f"{sys.prefix}/lib/python3*/site-packages/nvidia/cuda_nvrtc/lib/libnvrtc.so.*",
+                    "/usr/local/cuda/lib64/libnvrtc.so.*"):
+        found = sorted(p for p in glob.glob(pattern) if "builtins" not in p and ".alt." not in p)
+        if found:
+            return found[-1]
+    return None
+
+
+@pytest.fixture(scope="module")
+def server():
+    path = os.environ.get("KILND") or str(REPO / "bazel-bin" / "server" / "kilnd")
+    if not os.access(path, os.X_OK):
+        pytest.skip(f"no kilnd binary at {path} (set KILND)")
+    os.environ["KILND"] = path
+    from kilnd_server import Kilnd
+
+    nvrtc = nvrtc_library()
+    s = Kilnd(*([f"--nvrtc={nvrtc}"] if nvrtc else []))
+    yield s
+    s.stop()
+
+
+@pytest.fixture(autouse=True)
+def fresh(monkeypatch):
+    for var in ("KILN_SERVER", "KILN_FALLBACK", "KILN_CACHE_ONLY", "KILN_DEBUG", "KILN_CUDA_GRAPHS"):
+        monkeypatch.delenv(var, raising=False)
+    torch._dynamo.reset()
+    kiln.backend.reset()
+    kiln.reset_stats()
+    yield
+    torch._dynamo.reset()
+
+
+class MLP(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.ln, self.fc2 = torch.nn.Linear(64, 256), torch.nn.LayerNorm(256), torch.nn.Linear(256, 32)
+
+    def forward(self, x):
+        return self.fc2(torch.nn.functional.gelu(self.ln(self.fc1(x)))).softmax(-1)
+
+
+def norm_block(x, w, b):
+    """softmax and layer norm over rows of 1024, a residual, a log-softmax."""
+    h = torch.nn.functional.layer_norm(x * 1.5 + 0.25, (x.shape[-1],), w, b)
+    return torch.log_softmax(torch.softmax(h, -1) * 4 + x, -1)
+
+
+def no_kiln_warnings(caught):
+    messages = [str(w.message) for w in caught if issubclass(w.category, kiln.KilnWarning)]
+    assert not messages, messages
+
+
+def assert_compiled_on_cuda(expect_graphs):
+    s = kiln.stats()
+    assert s["graphs"] == expect_graphs and s["graph_fallbacks"] == 0, s["fallbacks_by_cause"]
+    assert s["kernel_steps_by_device"]["cuda"] > 0 and s["kernel_steps"] == s["kernel_steps_by_device"]["cuda"], s
+    assert s["eager_calls"] == 0 and s["plan_calls"] > 0, s
+    return s
+
+
+def test_mlp_inference_and_training(server):
+    torch.manual_seed(0)
+    model = MLP().cuda()
+    ref = MLP().cuda()
+    ref.load_state_dict(model.state_dict())
+    compiled = torch.compile(model, backend="kiln", options={"server": server.address})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for step in range(3):
+            x = torch.randn(48, 64, device="cuda")
+            with torch.no_grad():
+                torch.testing.assert_close(compiled(x), ref(x), **F32)
+            out = compiled(x)
+            out.pow(2).sum().backward()
+            want = ref(x)
+            want.pow(2).sum().backward()
+            torch.testing.assert_close(out, want, **F32)
+            for p, q in zip(model.parameters(), ref.parameters()):
+                torch.testing.assert_close(p.grad, q.grad, **F32_GRAD)
+                p.grad = q.grad = None
+    no_kiln_warnings(caught)
+    assert_compiled_on_cuda(expect_graphs=3)  # inference, forward, backward
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, F32), (torch.bfloat16, BF16)])
+def test_softmax_layernorm_block(server, dtype, tol):
+    torch.manual_seed(1)
+    x = torch.randn(256, 1024, device="cuda", dtype=dtype)
+    w = torch.randn(1024, device="cuda", dtype=dtype)
+    b = torch.randn(1024, device="cuda", dtype=dtype)
+    compiled = torch.compile(norm_block, backend="kiln", options={"server": server.address})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = compiled(x, w, b)
+    no_kiln_warnings(caught)
+    want = norm_block(x.float(), w.float(), b.float()).to(dtype) if dtype != torch.float32 else norm_block(x, w, b)
+    torch.testing.assert_close(got, want, **tol)
+    assert_compiled_on_cuda(expect_graphs=1)
+
+
+def test_kernels_run_on_the_current_stream(server):
+    x = torch.randn(128, 1024, device="cuda")
+    w, b = torch.ones(1024, device="cuda"), torch.zeros(1024, device="cuda")
+    compiled = torch.compile(norm_block, backend="kiln", options={"server": server.address})
+    compiled(x, w, b)  # compile outside the stream
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        y = x * 3  # produced on `stream`: the kernels must run after it, on the same stream
+        got = compiled(y, w, b)
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.testing.assert_close(got, norm_block(x * 3, w, b), **F32)
+    assert_compiled_on_cuda(expect_graphs=1)
+
+
+def test_cuda_graph_mode(server):
+    torch.manual_seed(2)
+    model = MLP().cuda()
+    ref = MLP().cuda()
+    ref.load_state_dict(model.state_dict())
+    compiled = torch.compile(model, backend="kiln", options={"server": server.address, "cuda_graphs": True})
+    xs = [torch.randn(48, 64, device="cuda") for _ in range(5)]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with torch.no_grad():
+            outs = [compiled(x) for x in xs]  # warm-up, capture, then replays
+        for x, out in zip(xs, outs):  # earlier outputs were not overwritten by later replays
+            torch.testing.assert_close(out, ref(x), **F32)
+        for x in xs[:3]:  # training: parameters are read in place, updates are seen
+            out = compiled(x)
+            out.pow(2).sum().backward()
+            want = ref(x)
+            want.pow(2).sum().backward()
+            torch.testing.assert_close(out, want, **F32)
+            with torch.no_grad():
+                for p, q in zip(model.parameters(), ref.parameters()):
+                    torch.testing.assert_close(p.grad, q.grad, **F32_GRAD)
+                    p -= 0.1 * p.grad
+                    q -= 0.1 * q.grad
+                    p.grad = q.grad = None
+    no_kiln_warnings(caught)
+    s = assert_compiled_on_cuda(expect_graphs=3)
+    # inference: call 1 warms up, call 2 captures, calls 3-5 replay; forward and backward: the
+    # same over three steps (warm-up, capture, replay).
+    assert s["cuda_graph_captures"] == 3, s
+    assert s["cuda_graph_replays"] == 4 + 2 + 2, s
+
+
+def test_cuda_graph_mode_with_new_input_buffers_each_call(server):
+    """Inputs at new addresses every call are copied into the graph's static inputs."""
+    x0 = torch.randn(64, 1024, device="cuda")
+    w, b = torch.randn(1024, device="cuda"), torch.randn(1024, device="cuda")
+    compiled = torch.compile(norm_block, backend="kiln", options={"server": server.address, "cuda_graphs": True})
+    results = []
+    for i in range(4):
+        x = x0 + i  # a new tensor each call
+        results.append((x, compiled(x, w, b)))
+    for x, got in results:
+        torch.testing.assert_close(got, norm_block(x, w, b), **F32)
+    s = kiln.stats()
+    assert s["cuda_graph_captures"] == 1 and s["cuda_graph_replays"] == 3, s

@@ -1,0 +1,143 @@
+"""The backend with CUDA artifacts, on a machine without a GPU: the artifacts kilnd compiles for
+CUDA satisfy the executor's plan checks and give a launch table, and a CUDA artifact that cannot
+be loaded (no NVIDIA driver) makes its graph run eagerly with one warning, counted as for CPU.
+Running them is tests/gpu/test_cuda_backend.py."""
+import contextlib
+import glob
+import logging
+import warnings
+
+import pytest
+import torch
+
+import kiln
+import kiln.backend
+from kiln import executor, proto, testing
+from kiln.executor import PlanExecutor
+from kiln.precompiler import _capture, _meta_clone, _to_meta, parse_target, rewrite_devices
+from kiln.rpc import KilnClient
+from kilnd_server import Kilnd
+from test_precompile import MLP, nvrtc_library
+
+logging.getLogger("torch.__trace").addFilter(lambda record: False)
+
+SM90 = proto.Target(device=proto.DEVICE_KIND_CUDA, cuda_arch="sm_90")
+
+
+@pytest.fixture(autouse=True)
+def fresh(monkeypatch):
+    for var in ("KILN_SERVER", "KILN_FALLBACK", "KILN_CACHE_ONLY", "KILN_DEBUG", "KILN_CUDA_GRAPHS"):
+        monkeypatch.delenv(var, raising=False)
+    torch._dynamo.reset()
+    kiln.backend.reset()
+    kiln.reset_stats()
+    yield
+    torch._dynamo.reset()
+
+
+def f(x):
+    return torch.softmax(x * 2 + 1, -1)
+
+
+def test_cuda_artifact_without_a_driver_runs_eagerly_with_one_warning(no_compile_server, monkeypatch,
+                                                                      tmp_path):
+    """The backend asks for CUDA (target_for is made to answer sm_90 for these CPU inputs) and
+    kilnd serves a CUDA artifact with a kernel step; loading it needs libcuda, which is absent
+    (KILN_LIBCUDA_PATH names no library, so this holds on GPU machines too)."""
+    monkeypatch.setenv("KILN_LIBCUDA_PATH", str(tmp_path / "no" / "libcuda.so.1"))
+    monkeypatch.setattr(kiln.backend, "target_for", lambda inputs, opts: SM90)
+    opts = {"server": no_compile_server.address}
+    x = torch.randn(4, 8)
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        torch.compile(f, backend="kiln", options=dict(opts, debug=True, debug_dir=str(tmp_path / "d")))(x)
+    (path,) = glob.glob(f"{tmp_path}/d/*/*/request.binpb")
+    request = proto.CompileRequest.FromString(open(path, "rb").read())
+    assert request.target == SM90
+    plan = testing.aten_plan(request.graph)
+    k = plan.steps.add().kernel  # a kernel step after the aten steps: the plan needs the runtime
+    k.symbol, k.grid[:], k.block[:] = "kiln_kernel_0", [1], [32]
+    k.args.append(plan.outputs[0])
+    artifact = testing.make_artifact(plan, SM90, [proto.Binary(kind=proto.Binary.KIND_CUBIN, data=b"\x7fELF")])
+    with KilnClient(no_compile_server.address) as c:
+        testing.import_artifact(c, request, artifact)
+
+    torch._dynamo.reset()
+    kiln.backend.reset()
+    kiln.reset_stats()
+    compiled = torch.compile(f, backend="kiln", options=opts)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            torch.testing.assert_close(compiled(x), f(x))
+    messages = [str(w.message) for w in caught if issubclass(w.category, kiln.KilnWarning)]
+    assert len(messages) == 1, messages
+    assert "cannot run its compiled kernels here" in messages[0] and "libcuda" in messages[0]
+    s = kiln.stats()
+    assert s["hits"] == s["graphs"] == 1 and s["compiles"] == 0
+    assert s["fallbacks_by_cause"] == {"runtime_unavailable": 1}
+    assert s["eager_calls"] == 3 and s["plan_calls"] == 0 and s["kernel_steps"] == 0
+
+
+def cuda_artifacts(server, model, x, training):
+    """[(request, response)] for the graphs of `model` compiled by kilnd for sm_90."""
+    graphs = _capture(_meta_clone(model), _to_meta((x,)), {}, training)
+    out = []
+    with KilnClient(server.address) as c:
+        for _, graph in graphs:
+            rewrite_devices(graph, proto.DEVICE_KIND_META, proto.Device(kind=proto.DEVICE_KIND_CUDA, index=0))
+            request = proto.CompileRequest(graph=graph, target=parse_target("cuda:sm_90"))
+            out.append((request, c.compile(request, timeout=300)))
+    torch._dynamo.reset()
+    return out
+
+
+class FakeModule:
+    def __init__(self):
+        self.kernels = {}
+
+    def add_kernel(self, symbol):
+        assert symbol.startswith("kiln_kernel_")
+        return self.kernels.setdefault(symbol, len(self.kernels))
+
+
+class FakeRuntime:
+    def __init__(self):
+        self.loads = []
+
+    def cuda_init(self):
+        pass
+
+    def cuda_load(self, data, device):
+        self.loads.append((bytes(data[:4]), device))
+        return FakeModule()
+
+
+def test_kilnds_cuda_artifacts_pass_the_plan_checks(monkeypatch):
+    """The plans kilnd really writes for CUDA (an MLP's inference, forward and backward graphs)
+    load in the executor: cubins, kernel steps with grid/block, one launch table per batch."""
+    nvrtc = nvrtc_library()
+    if nvrtc is None:
+        pytest.skip("no NVRTC library for kilnd's CUDA compiles")
+    monkeypatch.setattr(executor, "_device_guard", lambda index: contextlib.nullcontext())
+    server = Kilnd(f"--nvrtc={nvrtc}")
+    try:
+        pairs = cuda_artifacts(server, MLP(), torch.randn(8, 16), False) + \
+            cuda_artifacts(server, MLP(), torch.randn(8, 16), True)
+    finally:
+        assert server.stop() == 0
+    assert len(pairs) == 3
+    for request, response in pairs:
+        artifact = response.artifact
+        kiln.backend.check_artifact(artifact)
+        assert artifact.target.device == proto.DEVICE_KIND_CUDA
+        assert {b.kind for b in artifact.binaries} <= {proto.Binary.KIND_CUBIN, proto.Binary.KIND_PTX}
+        rt = FakeRuntime()
+        ex = PlanExecutor(artifact, request.graph, runtime_loader=lambda: rt,
+                          device=kiln.backend.graph_device(request.graph))
+        assert ex.cuda and ex.kernel_steps > 0
+        assert rt.loads and all(d == 0 and data == b"\x7fELF" for data, d in rt.loads)
+        specs = [spec for kind, batch, *_ in ex._steps if kind == "cuda" for spec in batch]
+        assert len(specs) == ex.kernel_steps
+        for spec in specs:
+            assert spec.grid_x >= 1 and 1 <= spec.block_x <= 1024 and spec.scalars == ()
