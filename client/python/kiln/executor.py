@@ -386,6 +386,7 @@ class _Run:
                 self.device = t.device
                 break
         self.workspace = None
+        self.none_values = {}  # STEP values whose aten step returned None: value -> the step
 
     def size(self, pb):
         return eval_symint(pb, self.symbols)
@@ -433,6 +434,8 @@ class _Run:
             if t.device != device:
                 t = t.to(device)
                 self.ex._constants[v.index] = t  # move once
+        elif i in self.none_values:
+            raise PlanError(f"value v{i} is used, but {self.none_values[i]} returned None for it")
         else:  # STEP
             raise PlanError(f"value v{i} is used before the step that produces it ran")
         self.env[i] = t
@@ -484,6 +487,12 @@ class _Run:
             if o < 0:
                 continue
             v = self.ex.values[o]
+            if r is None and v.storage == _PV.STORAGE_STEP:
+                # Some ops return None for tuple items they did not compute (e.g. the debug mask of
+                # _scaled_dot_product_cudnn_attention), though the capture's metadata said tensor.
+                # Fine unless a later step or the graph's outputs read that value.
+                self.none_values[o] = where
+                continue
             if not isinstance(r, torch.Tensor):
                 raise PlanError(f"{where}: output v{o} is a {type(r).__name__}, not a tensor")
             if v.storage == _PV.STORAGE_STEP:

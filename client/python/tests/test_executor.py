@@ -289,3 +289,30 @@ def test_plans_made_from_real_aot_graphs_match_the_graphs(model, shape, dynamic)
             assert ex.op_fallbacks == len(plan.steps)
         if dynamic:
             assert len(pb.symbols) > 0  # really symbolic: sizes are bound from the inputs
+
+
+def test_tuple_items_returned_as_none_are_fine_until_read():
+    # native_layer_norm_backward with output_mask [True, False, False] returns (grad, None, None);
+    # the plan names values for all three items (as captures with dead getitems do).
+    def build(read_none):
+        plan = proto.Plan(num_inputs=5)
+        g, x, mean, rstd, w = (value(plan, s, PV.STORAGE_INPUT, i)
+                               for i, s in enumerate([[4, 8], [4, 8], [4, 1], [4, 1], [8]]))
+        dx = value(plan, [4, 8], PV.STORAGE_STEP)
+        dw = value(plan, [8], PV.STORAGE_STEP)
+        db = value(plan, [8], PV.STORAGE_STEP)
+        aten(plan, "aten.native_layer_norm_backward.default",
+             [ref(g), ref(x), [8], ref(mean), ref(rstd), ref(w), ref(w), [True, False, False]], [dx, dw, db])
+        plan.outputs.extend([dx, dw] if read_none else [dx])
+        return plan
+
+    x = torch.randn(4, 8)
+    mean = x.mean(-1, keepdim=True)
+    rstd = (x.var(-1, unbiased=False, keepdim=True) + 1e-5).rsqrt()
+    args = [torch.randn(4, 8), x, mean, rstd, torch.randn(8)]
+    _, (dx,) = run(build(False), args)
+    want = torch.ops.aten.native_layer_norm_backward(args[0], x, [8], mean, rstd, args[4], args[4],
+                                                     [True, False, False])[0]
+    torch.testing.assert_close(dx, want)
+    with pytest.raises(PlanError, match="returned None"):
+        run(build(True), args)
