@@ -175,7 +175,21 @@ class CudaKernelEmitter : public CpuKernelEmitter {
   }
   std::string BinaryCode(kernel::BinaryOp op, ScalarType t, const std::string& a,
                          const std::string& b) const override {
+    if (op == kernel::BinaryOp::kTrueDiv && (t == ScalarType::kFloat32 || t == ScalarType::kFloat64) &&
+        IsRowDivisor(b)) {
+      // x / s for a row's softmax sum (>= 1, or 0 / NaN) or Welford count (>= 1): x * (1 / s),
+      // the reciprocal computed once per row (common subexpression); within 1.5 ulp of x / s.
+      return absl::StrCat(a, " * (", ValueType(t), "(1) / ", b, ")");
+    }
     return Retarget(CpuKernelEmitter::BinaryCode(op, t, a, b));
+  }
+  static bool IsRowDivisor(const std::string& b) {
+    if (b.rfind("acc", 0) != 0) return false;
+    size_t i = 3;
+    while (i < b.size() && b[i] >= '0' && b[i] <= '9') ++i;
+    if (i == 3) return false;
+    const std::string field = b.substr(i);
+    return field == ".sum" || field == ".count";
   }
   std::string CastCode(ScalarType from, ScalarType to, const std::string& x) const override {
     return Retarget(CpuKernelEmitter::CastCode(from, to, x));
@@ -221,6 +235,10 @@ class CudaKernelEmitter : public CpuKernelEmitter {
   }
 
   void EmitFunction() override {
+    // Sizes over scalars: a 32-bit instance guarded by a run-time check (see below). Loop
+    // variables read as values are widened to int64_t in both instances, as with idx32_.
+    const std::string fits = idx32_ ? "" : Int32Check();
+    if (!fits.empty()) idx32_ = true;
     PushScope();
     if (k_.is_pointwise()) {
       EmitPointwise();
@@ -249,16 +267,78 @@ class CudaKernelEmitter : public CpuKernelEmitter {
       }
     }
     for (int i = 0; i < k_.num_scalars; ++i) params.push_back(absl::StrCat("int64_t n", i));
-    head.Open(absl::StrCat("extern \"C\" __global__ void __launch_bounds__(", launch_.block, ") ",
-                           CpuKernelSymbol(index_), "(", absl::StrJoin(params, ", "), ")"));
-    head.Linef("using idx_t = ", idx32_ ? "int32_t" : "int64_t", ";");
-    if (smem_bytes_ > 0) {
-      head.Linef("alignas(16) __shared__ unsigned char kiln_smem[", smem_bytes_, "];");
+    if (fits.empty()) {
+      head.Open(absl::StrCat("extern \"C\" __global__ void __launch_bounds__(", launch_.block, ") ",
+                             CpuKernelSymbol(index_), "(", absl::StrJoin(params, ", "), ")"));
+      head.Linef("using idx_t = ", idx32_ ? "int32_t" : "int64_t", ";");
+      if (smem_bytes_ > 0) {
+        head.Linef("alignas(16) __shared__ unsigned char kiln_smem[", smem_bytes_, "];");
+      }
+      result_ = head.Take();
+      result_ += hoisted_.str();
+      result_ += w_.str();
+      result_ += "}\n";
+      return;
     }
+    // Sizes over scalars: the body is a template on the index type, and the kernel takes the
+    // 32-bit instance when the scalars make every size fit (the common case), else 64-bit.
+    std::vector<std::string> args;
+    for (const Buffer& b : k_.buffers) args.push_back(absl::StrCat("b", b.index));
+    for (int i = 0; i < k_.num_scalars; ++i) args.push_back(absl::StrCat("n", i));
+    std::vector<std::string> body_params = params;
+    if (smem_bytes_ > 0) {
+      body_params.push_back("unsigned char* kiln_smem");
+      args.push_back("kiln_smem");
+    }
+    const std::string body = absl::StrCat(CpuKernelSymbol(index_), "_body");
+    head.Line("template <typename idx_t>");
+    head.Open(absl::StrCat("KILN_DEV void ", body, "(", absl::StrJoin(body_params, ", "), ")"));
     result_ = head.Take();
     result_ += hoisted_.str();
     result_ += w_.str();
     result_ += "}\n";
+    CodeWriter kernel;
+    kernel.Open(absl::StrCat("extern \"C\" __global__ void __launch_bounds__(", launch_.block, ") ",
+                             CpuKernelSymbol(index_), "(", absl::StrJoin(params, ", "), ")"));
+    if (smem_bytes_ > 0) {
+      kernel.Linef("alignas(16) __shared__ unsigned char kiln_smem[", smem_bytes_, "];");
+    }
+    kernel.Open(absl::StrCat("if (", fits, ")"));
+    kernel.Linef(body, "<int32_t>(", absl::StrJoin(args, ", "), ");");
+    kernel.Close();
+    kernel.Open("else");
+    kernel.Linef(body, "<int64_t>(", absl::StrJoin(args, ", "), ");");
+    kernel.Close();
+    result_ += kernel.Take();
+    result_ += "}\n";
+  }
+
+  // A run-time condition on the scalars under which 32-bit indices are safe: the work and every
+  // buffer's size, plus kIndexSlack, fit in int32 (evaluated in double: exact below 2^53, and no
+  // overflow). "" when some size is not a polynomial in the scalars the emitter can evaluate.
+  std::string Int32Check() const {
+    const Size work = Product(k_.outer) * Product(k_.reduce);
+    std::vector<Size> sizes = {work};
+    for (const Buffer& b : k_.buffers) sizes.push_back(b.num_elements);
+    std::vector<std::string> conds;
+    const int64_t limit = std::numeric_limits<int32_t>::max() - kIndexSlack;
+    for (const Size& s : sizes) {
+      if (const absl::optional<int64_t> c = s.AsConst()) {
+        if (*c < 0 || *c > limit) return "";
+        continue;
+      }
+      std::vector<std::string> terms;
+      for (const Size::Monomial& m : s.terms()) {
+        std::vector<std::string> f;
+        f.push_back(absl::StrCat(m.coeff, ".0"));
+        for (int32_t p : m.params) f.push_back(absl::StrCat("static_cast<double>(n", p, ")"));
+        terms.push_back(absl::StrJoin(f, " * "));
+      }
+      const std::string cond = absl::StrCat(absl::StrJoin(terms, " + "), " <= ", limit, ".0");
+      if (std::find(conds.begin(), conds.end(), cond) == conds.end()) conds.push_back(cond);
+    }
+    if (conds.empty()) return "";
+    return absl::StrJoin(conds, " && ");
   }
 
  private:
@@ -385,6 +465,17 @@ class CudaKernelEmitter : public CpuKernelEmitter {
       return;
     }
     const int id = s.acc.id;
+    auto two = two_pass_.find(id);
+    if (two != two_pass_.end()) {
+      // Pass A of a two-pass reduction: keep the value, fold the first statistic.
+      if (!two->second.reuses_cache) w_.Linef(Slot(two->second.array), " = ", v, ";");
+      if (s.acc.kind == AccKind::kOnlineSoftmax) {
+        w_.Linef("acc", id, ".max = kiln_cuda::maximum(acc", id, ".max, ", v, ");");
+      } else {
+        w_.Linef("acc", id, ".mean += ", v, ";");
+      }
+      return;
+    }
     switch (s.acc.kind) {
       case AccKind::kSum: w_.Linef("acc", id, " += ", v, ";"); break;
       case AccKind::kProd: w_.Linef("acc", id, " *= ", v, ";"); break;
@@ -636,15 +727,45 @@ class CudaKernelEmitter : public CpuKernelEmitter {
       for (const auto& [key, c] : count) values += c > 1 ? chunks * width : 0;
       // At most half of the registers a thread of this block size may have.
       const int64_t limit = std::min<int64_t>(cuda_.max_cached_values, 65536 / launch_.block / 2);
-      if (values > 0 && values <= limit) {
+      if (values > limit) values = 0;
+      if (values > 0) {
         for (const auto& [key, c] : count) {
           if (c < 2) continue;
           CacheEntry e{absl::StrCat("kiln_c", cache_.size()), first[key]};
           w_.Linef(ValueType(type[key]), " ", e.name, "[", chunks * width, "];");
           cache_[key] = e;
         }
-        launch_.cached_values = std::max<int>(launch_.cached_values, static_cast<int>(values));
       }
+      // Online softmax and Welford over register-resident values: two cheap passes instead of
+      // the per-element online rule (a max or sum, then exp(x - max) or (x - mean)^2). Not for
+      // an accumulator folded by more than one statement.
+      std::map<int, int> folds;
+      for (const kernel::Phase& p : k_.phases) {
+        for (const Stmt& s : p.stmts) folds[s.acc.id] += s.kind == StmtKind::kAccumulate;
+      }
+      for (const kernel::Phase& p : k_.phases) {
+        for (const Stmt& s : p.stmts) {
+          if (s.kind != StmtKind::kAccumulate || folds[s.acc.id] != 1) continue;
+          if (s.acc.kind != AccKind::kOnlineSoftmax && s.acc.kind != AccKind::kWelford) continue;
+          if (!kernel::IsFloatType(s.acc.dtype)) continue;
+          TwoPass tp;
+          if (s.value->kind == ExprKind::kLoad && s.value->args.empty()) {
+            auto cached = cache_.find(AccessKey(s.value->buffer, s.value->index));
+            if (cached != cache_.end() && s.value->type == s.acc.dtype) {
+              tp.array = cached->second.name;
+              tp.reuses_cache = true;
+            }
+          }
+          if (!tp.reuses_cache) {
+            if (values + chunks * width > limit) continue;
+            values += chunks * width;
+            tp.array = absl::StrCat("kiln_a", s.acc.id);
+            w_.Linef(ValueType(s.acc.dtype), " ", tp.array, "[", chunks * width, "];");
+          }
+          two_pass_[s.acc.id] = tp;
+        }
+      }
+      launch_.cached_values = std::max<int>(launch_.cached_values, static_cast<int>(values));
     }
     std::string total_code = SizeCode(total);
     for (size_t p = 0; p < k_.phases.size(); ++p) {
@@ -694,28 +815,15 @@ class CudaKernelEmitter : public CpuKernelEmitter {
         PopScope();
       }
       for (int i = 0; i < opened; ++i) w_.Close();
-      // All-reduce the accumulators this phase folded.
-      std::set<int> done;
-      for (const Stmt& s : stmts) {
-        if (s.kind != StmtKind::kAccumulate || !done.insert(s.acc.id).second) continue;
-        const std::string acc = absl::StrCat("acc", s.acc.id);
-        switch (launch_.layout) {
-          case CudaLayout::kWarpPerRow:
-            w_.Linef(acc, " = kiln_cuda::warp_allreduce(", acc, ", ", ReduceOp(s.acc.kind), ");");
-            break;
-          case CudaLayout::kBlockPerRow:
-            w_.Linef(acc, " = kiln_cuda::block_allreduce(", acc, ", ", ReduceOp(s.acc.kind),
-                     ", kiln_smem);");
-            break;
-          default:
-            w_.Linef(acc, " = kiln_cuda::column_allreduce(", acc, ", ", ReduceOp(s.acc.kind),
-                     ", kiln_smem, ", kColumnPoints, ");");
-            break;
-        }
+      if (total_c && !column) {
+        EmitAllReduces(stmts, chunks, *total_c);
+      } else {
+        EmitAllReduces(stmts, 0, 0);
       }
     }
     phase_ = -1;
     cache_.clear();
+    two_pass_.clear();
     if (!k_.body.empty()) {
       w_.Open(column ? "if (kiln_active && kiln_lane == 0)" : "if (kiln_lane == 0)");
       PushScope();
@@ -749,6 +857,89 @@ class CudaKernelEmitter : public CpuKernelEmitter {
     std::string name;
     int first_phase = 0;
   };
+  // An online-softmax or Welford accumulator whose phase keeps its values in registers: pass A
+  // stores each value (or finds it in a row cache) and folds the max / the sum, an all-reduce,
+  // pass B folds sum(exp(x - max)) / sum((x - mean)^2) over the registers, an all-reduce.
+  struct TwoPass {
+    std::string array;          // kiln_a<id>, or the row cache holding the same load
+    bool reuses_cache = false;
+  };
+
+  // The register of `array` for the current chunk and vector lane.
+  std::string Slot(const std::string& array) const {
+    return width_ == 1 ? absl::StrCat(array, "[kiln_e]")
+                       : absl::StrCat(array, "[kiln_e * ", width_, " + ", (lane_ < 0 ? 0 : lane_), "]");
+  }
+
+  // Pass B of the two-pass accumulators folded in `stmts`, and the all-reduces of every
+  // accumulator the phase folded.
+  void EmitAllReduces(const std::vector<Stmt>& stmts, int64_t chunks, int64_t total) {
+    auto allreduce = [&](const std::string& value, const char* op) {
+      switch (launch_.layout) {
+        case CudaLayout::kWarpPerRow:
+          w_.Linef(value, " = kiln_cuda::warp_allreduce(", value, ", ", op, ");");
+          break;
+        case CudaLayout::kBlockPerRow:
+          w_.Linef(value, " = kiln_cuda::block_allreduce(", value, ", ", op, ", kiln_smem);");
+          break;
+        default:
+          w_.Linef(value, " = kiln_cuda::column_allreduce(", value, ", ", op, ", kiln_smem, ",
+                   kColumnPoints, ");");
+          break;
+      }
+    };
+    std::set<int> done;
+    for (const Stmt& s : stmts) {
+      if (s.kind != StmtKind::kAccumulate || !done.insert(s.acc.id).second) continue;
+      const std::string acc = absl::StrCat("acc", s.acc.id);
+      auto two = two_pass_.find(s.acc.id);
+      if (two == two_pass_.end()) {
+        allreduce(acc, ReduceOp(s.acc.kind));
+        continue;
+      }
+      const std::string t = ValueType(s.acc.dtype);
+      const bool softmax = s.acc.kind == AccKind::kOnlineSoftmax;
+      if (softmax) {
+        allreduce(acc + ".max", "kiln_cuda::MaxOp()");
+      } else {
+        allreduce(acc + ".mean", "kiln_cuda::SumOp()");
+        w_.Linef(acc, ".mean = ", acc, ".mean / static_cast<", t, ">(", total, ");");
+      }
+      w_.Open("");
+      if (softmax) {
+        // An all -inf row: max -inf, every exp(-inf - 0) = 0, so sum 0 as the online rule.
+        w_.Linef("const ", t, " kiln_m = ", acc, ".max == -kiln_cuda::inf<", t, ">() ? ", t,
+                 "(0) : ", acc, ".max;");
+      }
+      w_.Raw("#pragma unroll");
+      w_.Open(absl::StrCat("for (int kiln_e = 0; kiln_e < ", chunks, "; ++kiln_e)"));
+      const bool guard = total % (int64_t{group_} * width_) != 0;
+      if (guard) {
+        w_.Open(absl::StrCat("if ((static_cast<idx_t>(kiln_e) * ", group_, " + kiln_lane)",
+                             width_ == 1 ? "" : absl::StrCat(" * ", width_), " < ", total, ")"));
+      }
+      for (int j = 0; j < width_; ++j) {
+        lane_ = width_ == 1 ? -1 : j;
+        const std::string x = Slot(two->second.array);
+        if (softmax) {
+          w_.Linef(acc, ".sum += kiln_cuda::exp(", x, " - kiln_m);");
+        } else {
+          w_.Linef("const ", t, " kiln_d", j, " = ", x, " - ", acc, ".mean;");
+          w_.Linef(acc, ".m2 += kiln_d", j, " * kiln_d", j, ";");
+        }
+      }
+      lane_ = -1;
+      if (guard) w_.Close();
+      w_.Close();
+      w_.Close();
+      if (softmax) {
+        allreduce(acc + ".sum", "kiln_cuda::SumOp()");
+      } else {
+        allreduce(acc + ".m2", "kiln_cuda::SumOp()");
+        w_.Linef(acc, ".count = static_cast<", t, ">(", total, ");");
+      }
+    }
+  }
 
   const CudaEmitOptions cuda_;
   int num_sms_ = 132;
@@ -760,6 +951,7 @@ class CudaKernelEmitter : public CpuKernelEmitter {
   int phase_ = -1;       // the phase being emitted, or -1
   const VecPlan* plan_ = nullptr;
   std::map<std::string, CacheEntry> cache_;  // by AccessKey
+  std::map<int, TwoPass> two_pass_;          // by accumulator id, in the row being emitted
   std::set<std::string> filled_;             // cache slots written in the current lane
 };
 
