@@ -42,6 +42,10 @@ constexpr int kWarpRowLimit = 1024;  // static reduction lengths up to this: a w
 constexpr int kColumnPoints = 32;    // kColumn: consecutive outer points per block
 constexpr int kRowsBlock = 256;      // kWarpPerRow block size
 constexpr int kThreadsPerSm = 2048;
+constexpr int kTile = 32;      // kTiled: a tile of kTile (y) x kTileX (x) points per block step
+constexpr int kTileX = 64;     // (8 loads in flight per thread)
+constexpr int kTileShift = 5;  // log2(kTile)
+constexpr int kTileRows = 8;   // kTiled: block = kTile * kTileRows threads
 
 Size Product(const std::vector<Size>& sizes) {
   Size p = Size::Const(1);
@@ -128,6 +132,7 @@ const char* CudaLayoutName(CudaLayout layout) {
     case CudaLayout::kWarpPerRow: return "warp_per_row";
     case CudaLayout::kBlockPerRow: return "block_per_row";
     case CudaLayout::kColumn: return "column";
+    case CudaLayout::kTiled: return "tiled";
   }
   return "?";
 }
@@ -213,6 +218,10 @@ class CudaKernelEmitter : public CpuKernelEmitter {
   std::string LoadExprCode(const ExprNode& e) override {
     if (!e.args.empty()) return CpuKernelEmitter::LoadExprCode(e);  // masked: scalar, uncached
     const std::string key = AccessKey(e.buffer, e.index);
+    if (tiled_) {
+      auto tile = tiles_.find(key);
+      if (tile != tiles_.end()) return absl::StrCat(tile->second, "[kiln_xl][kiln_i]");
+    }
     std::string code;
     if (plan_ != nullptr && lane_ >= 0) {
       auto vec = plan_->loads.find(key);
@@ -516,6 +525,7 @@ class CudaKernelEmitter : public CpuKernelEmitter {
       w_.Close();
       return;
     }
+    if (EmitTiled()) return;
     const int last = k - 1;
     const Var x{VarKind::kOuter, last};
     const VecPlan plan = PlanVector(k_.body, x);
@@ -569,6 +579,99 @@ class CudaKernelEmitter : public CpuKernelEmitter {
     w_.Close();
     w_.Close();
     w_.Close();
+  }
+
+  // ---- tiled pointwise ----
+  // Loads contiguous along o{k-2} (y) but strided along the innermost o{k-1} (x), where the
+  // stores are contiguous: a block handles a kTile x kTileX tile of (y, x); each such load is
+  // staged through a padded shared tile (warps read it coalesced along y), then every thread
+  // computes one (y, x) point per step with lanes along x (stores coalesced). Constant y and x
+  // extents only; the tail tiles are bounds-checked. False (nothing emitted) when no load needs it.
+  bool EmitTiled() {
+    const int k = static_cast<int>(k_.outer.size());
+    if (k < 2 || !cuda_.tile) return false;
+    const Var x{VarKind::kOuter, k - 1}, y{VarKind::kOuter, k - 2};
+    const absl::optional<int64_t> xs = k_.outer[k - 1].AsConst(), ys = k_.outer[k - 2].AsConst();
+    if (!xs || !ys || *xs < kTile || *ys < kTile) return false;
+    tiles_.clear();
+    std::vector<const ExprNode*> staged;
+    for (const ExprNode* l : LoadsOf(k_.body)) {
+      if (!l->args.empty()) continue;
+      const absl::optional<int64_t> sx = ConstStride(l->index, x), sy = ConstStride(l->index, y);
+      if (sy != absl::optional<int64_t>(1) || !sx || *sx == 0 || *sx == 1) continue;
+      const std::string key = AccessKey(l->buffer, l->index);
+      if (tiles_.count(key)) continue;
+      tiles_[key] = absl::StrCat("kiln_t", tiles_.size());
+      staged.push_back(l);
+    }
+    if (staged.empty()) return false;
+    launch_.layout = CudaLayout::kTiled;
+    launch_.block = kTile * kTileRows;
+    const int64_t tx = (*xs + kTileX - 1) / kTileX, ty = (*ys + kTile - 1) / kTile;
+    Size rest = Size::Const(1);
+    for (int i = 0; i < k - 2; ++i) rest = rest * k_.outer[i];
+    launch_.work = rest * Size::Const(tx * ty);
+    launch_.work_per_block = 1;
+    launch_.max_grid =
+        int64_t{num_sms_} * std::max(1, kThreadsPerSm / launch_.block) * cuda_.pointwise_waves;
+    const std::string xn = kernel::VarName(x), yn = kernel::VarName(y);
+    for (const ExprNode* l : staged) {
+      w_.Linef("__shared__ ", ValueType(l->type), " ", tiles_[AccessKey(l->buffer, l->index)], "[",
+               kTileX, "][", kTile + 1, "];");
+    }
+    w_.Linef("const int kiln_lane = threadIdx.x & ", kTile - 1, ";");
+    w_.Linef("const int kiln_row = threadIdx.x >> ", kTileShift, ";");
+    w_.Linef("const idx_t kiln_units = ",
+             rest.is_const(1) ? absl::StrCat(tx * ty) : absl::StrCat(SizeCode(rest), " * ", tx * ty),
+             ";");
+    w_.Open("for (idx_t kiln_u = blockIdx.x; kiln_u < kiln_units; kiln_u += gridDim.x)");
+    w_.Linef("const idx_t kiln_x0 = kiln_u % ", tx, " * ", kTileX, ";");
+    w_.Linef("const idx_t kiln_y0 = kiln_u / ", tx, " % ", ty, " * ", kTile, ";");
+    if (k > 2) {
+      w_.Linef("const idx_t kiln_rest_u = kiln_u / ", tx * ty, ";");
+      EmitDecompose("kiln_rest_u", k - 2);
+    }
+    const bool x_tail = *xs % kTileX != 0, y_tail = *ys % kTile != 0;
+    auto bounds = [&]() {
+      std::vector<std::string> c;
+      if (y_tail) c.push_back(absl::StrCat(yn, " < ", *ys));
+      if (x_tail) c.push_back(absl::StrCat(xn, " < ", *xs));
+      return absl::StrJoin(c, " && ");
+    };
+    // Stage: lanes along y (coalesced reads), rows of the block along x.
+    w_.Raw("#pragma unroll");
+    w_.Open(absl::StrCat("for (int kiln_j = 0; kiln_j < ", kTileX / kTileRows, "; ++kiln_j)"));
+    w_.Linef("const int kiln_i = kiln_row + kiln_j * ", kTileRows, ";");
+    w_.Linef("const idx_t ", yn, " = kiln_y0 + kiln_lane;");
+    w_.Linef("const idx_t ", xn, " = kiln_x0 + kiln_i;");
+    std::string cond = bounds();
+    if (!cond.empty()) w_.Open(absl::StrCat("if (", cond, ")"));
+    for (const ExprNode* l : staged) {
+      w_.Linef(tiles_[AccessKey(l->buffer, l->index)], "[kiln_i][kiln_lane] = ",
+               LoadCode(l->buffer, IndexCode(l->index)), ";");
+    }
+    if (!cond.empty()) w_.Close();
+    w_.Close();
+    w_.Line("__syncthreads();");
+    // Compute: lanes along x, rows of the block along y.
+    w_.Raw("#pragma unroll");
+    w_.Open(absl::StrCat("for (int kiln_j = 0; kiln_j < ", kTile / kTileRows * (kTileX / kTile),
+                         "; ++kiln_j)"));
+    w_.Linef("const int kiln_i = kiln_row + kiln_j % ", kTile / kTileRows, " * ", kTileRows, ";");
+    w_.Linef("const int kiln_xl = kiln_lane + kiln_j / ", kTile / kTileRows, " * ", kTile, ";");
+    w_.Linef("const idx_t ", yn, " = kiln_y0 + kiln_i;");
+    w_.Linef("const idx_t ", xn, " = kiln_x0 + kiln_xl;");
+    if (!cond.empty()) w_.Open(absl::StrCat("if (", cond, ")"));
+    tiled_ = true;
+    PushScope();
+    for (const Stmt& st : k_.body) EmitCudaStmt(st);
+    PopScope();
+    tiled_ = false;
+    if (!cond.empty()) w_.Close();
+    w_.Close();
+    w_.Line("__syncthreads();  // the tiles are refilled next step");
+    w_.Close();
+    return true;
   }
 
   // ---- rows ----
@@ -952,6 +1055,8 @@ class CudaKernelEmitter : public CpuKernelEmitter {
   const VecPlan* plan_ = nullptr;
   std::map<std::string, CacheEntry> cache_;  // by AccessKey
   std::map<int, TwoPass> two_pass_;          // by accumulator id, in the row being emitted
+  std::map<std::string, std::string> tiles_;  // staged loads of a tiled kernel, by AccessKey
+  bool tiled_ = false;                        // emitting the compute step of a tiled kernel
   std::set<std::string> filled_;             // cache slots written in the current lane
 };
 

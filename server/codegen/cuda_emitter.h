@@ -64,9 +64,10 @@ struct CudaEmitOptions {
   int max_cached_values = 64;    // registers per thread that may cache a row's loads (and at
                                  // most half of what the block size leaves a thread)
   bool vectorize = true;
+  bool tile = true;  // kTiled for pointwise kernels with transposed loads
 };
 
-enum class CudaLayout { kPointwise, kWarpPerRow, kBlockPerRow, kColumn };
+enum class CudaLayout { kPointwise, kWarpPerRow, kBlockPerRow, kColumn, kTiled };
 const char* CudaLayoutName(CudaLayout layout);  // "pointwise", "warp_per_row", ...
 
 struct CudaLaunch {

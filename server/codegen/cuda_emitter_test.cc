@@ -18,13 +18,14 @@ namespace kt = ::kiln::kernel::testing;
 // The kernel's function alone (no prelude). KILN_PRINT_GOLDEN=1 prints it, to update the
 // expectations below intentionally.
 std::string EmitOne(const absl::StatusOr<Kernel>& k, bool vectorize = true,
-                    CudaLaunch* launch = nullptr) {
+                    CudaLaunch* launch = nullptr, bool tile = true) {
   EXPECT_TRUE(k.ok()) << k.status();
   if (!k.ok()) return "";
   EXPECT_TRUE(VerifyKernel(*k).ok());
   CudaEmitOptions options;
   options.include_prelude = false;
   options.vectorize = vectorize;
+  options.tile = tile;
   absl::StatusOr<CudaSource> src = EmitCudaSource({*k}, options);
   EXPECT_TRUE(src.ok()) << src.status();
   if (!src.ok()) return "";
@@ -42,7 +43,7 @@ int Count(const std::string& haystack, const std::string& needle) {
 }
 
 TEST(CudaEmitterGolden, PointwiseBroadcastAddIsVectorizedWithAScalarTail) {
-  EXPECT_EQ(EmitOne(kt::BroadcastAddTransposed(64, 1024), /*vectorize=*/true), R"cu(// kiln_kernel_0: pointwise, 2 outer dims, 0 reduction dims, 0 phases, vector width 4, 0 cached values per thread
+  EXPECT_EQ(EmitOne(kt::BroadcastAddTransposed(64, 1024), /*vectorize=*/true, nullptr, /*tile=*/false), R"cu(// kiln_kernel_0: pointwise, 2 outer dims, 0 reduction dims, 0 phases, vector width 4, 0 cached values per thread
 extern "C" __global__ void __launch_bounds__(256) kiln_kernel_0(const float* __restrict__ b0, const float* __restrict__ b1, float* __restrict__ b2) {
   using idx_t = int32_t;
   const bool kiln_vec = kiln_cuda::aligned(b1, 16) && kiln_cuda::aligned(b2, 16);
@@ -100,6 +101,52 @@ extern "C" __global__ void __launch_bounds__(256) kiln_kernel_0(const float* __r
   }
 }
 )cu");
+}
+
+// The transposed load goes through a padded shared tile (read coalesced along o0), the
+// broadcast load and the store are coalesced along o1; tail tiles are bounds-checked.
+TEST(CudaEmitterGolden, TransposedLoadsAreStagedThroughASharedTile) {
+  CudaLaunch launch;
+  EXPECT_EQ(EmitOne(kt::BroadcastAddTransposed(48, 1024), /*vectorize=*/true, &launch), R"cu(// kiln_kernel_0: tiled, 2 outer dims, 0 reduction dims, 0 phases, vector width 1, 0 cached values per thread
+extern "C" __global__ void __launch_bounds__(256) kiln_kernel_0(const float* __restrict__ b0, const float* __restrict__ b1, float* __restrict__ b2) {
+  using idx_t = int32_t;
+  __shared__ float kiln_t0[64][33];
+  const int kiln_lane = threadIdx.x & 31;
+  const int kiln_row = threadIdx.x >> 5;
+  const idx_t kiln_units = 32;
+  for (idx_t kiln_u = blockIdx.x; kiln_u < kiln_units; kiln_u += gridDim.x) {
+    const idx_t kiln_x0 = kiln_u % 16 * 64;
+    const idx_t kiln_y0 = kiln_u / 16 % 2 * 32;
+#pragma unroll
+    for (int kiln_j = 0; kiln_j < 8; ++kiln_j) {
+      const int kiln_i = kiln_row + kiln_j * 8;
+      const idx_t o0 = kiln_y0 + kiln_lane;
+      const idx_t o1 = kiln_x0 + kiln_i;
+      if (o0 < 48) {
+        kiln_t0[kiln_i][kiln_lane] = b0[o0 + o1 * 48];
+      }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int kiln_j = 0; kiln_j < 8; ++kiln_j) {
+      const int kiln_i = kiln_row + kiln_j % 4 * 8;
+      const int kiln_xl = kiln_lane + kiln_j / 4 * 32;
+      const idx_t o0 = kiln_y0 + kiln_i;
+      const idx_t o1 = kiln_x0 + kiln_xl;
+      if (o0 < 48) {
+        const float v0 = kiln_t0[kiln_xl][kiln_i];
+        const float v1 = b1[o1];
+        const float v2 = v0 + v1;
+        b2[o0 * 1024 + o1] = v2;
+      }
+    }
+    __syncthreads();  // the tiles are refilled next step
+  }
+}
+)cu");
+  EXPECT_EQ(launch.layout, CudaLayout::kTiled);
+  EXPECT_EQ(launch.block, 256);
+  EXPECT_EQ(*CudaGridSize(launch, {}), 2 * 16);  // 32 x 64 tiles
 }
 
 TEST(CudaEmitterGolden, RowSoftmaxReadsTheRowOnceIntoRegisters) {

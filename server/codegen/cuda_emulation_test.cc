@@ -32,6 +32,23 @@ using namespace ::kiln::kernel;  // NOLINT: tests build IR
 namespace kt = ::kiln::kernel::testing;
 namespace ct = ::kiln::codegen::testing;
 
+// out[b, i, j] = bf16(a[b, j, i] * 2 + c[i]) for a dynamic batch: a batched transpose (a tiled
+// kernel with a decomposed batch dim, bf16 tiles widened to f32) plus a load broadcast along x.
+absl::StatusOr<Kernel> BatchedTransposeBf16(int64_t rows, int64_t cols) {
+  KernelBuilder kb("batched transpose");
+  const Size n = kb.AddScalar(), r = Size::Const(rows), c = Size::Const(cols);
+  const Buffer a = kb.AddBuffer(ScalarType::kBFloat16, Access::kRead, n * r * c);
+  const Buffer col = kb.AddBuffer(ScalarType::kFloat32, Access::kRead, r);
+  const Buffer out = kb.AddBuffer(ScalarType::kBFloat16, Access::kWrite, n * r * c);
+  const Var b = kb.AddOuter(n), i = kb.AddOuter(r), j = kb.AddOuter(c);
+  const ExprOr x = Load(a, MakeIndex(Size(), {{b, r * c}, {j, r}, {i, Size::Const(1)}}));
+  const ExprOr y = Load(col, MakeIndex(Size(), {{i, Size::Const(1)}}));
+  kb.Add(Store(out, ContiguousIndex({b, i, j}, {n, r, c}),
+               Cast(ScalarType::kBFloat16,
+                    Add(Mul(Cast(ScalarType::kFloat32, x), ConstFloat(ScalarType::kFloat32, 2.0f)), y))));
+  return kb.Finish();
+}
+
 struct Case {
   std::string name;
   absl::StatusOr<Kernel> kernel;
@@ -69,6 +86,9 @@ std::vector<Case> Cases() {
   c.push_back({"broadcast_add", kt::BroadcastAddTransposed(64, 128), {}});
   c.push_back({"broadcast_add_odd", kt::BroadcastAddTransposed(5, 37), {}});
   c.push_back({"broadcast_add_misaligned", kt::BroadcastAddTransposed(8, 64), {}, true});
+  c.push_back({"transpose_tiled_tails", kt::BroadcastAddTransposed(40, 70), {}});
+  c.push_back({"transpose_tiled_exact", kt::BroadcastAddTransposed(96, 64), {}, true});
+  c.push_back({"transpose_tiled_batched_bf16", BatchedTransposeBf16(33, 64), {3}});
   c.push_back({"softmax_1024", kt::RowSoftmax(1024, false), {37}});
   c.push_back({"softmax_1000_misaligned", kt::RowSoftmax(1000, false), {5}, true});
   c.push_back({"softmax_100", kt::RowSoftmax(100, false), {19}, false, 1});
