@@ -42,6 +42,8 @@ constexpr int kWarpRowLimit = 1024;  // static reduction lengths up to this: a w
 constexpr int kColumnPoints = 32;    // kColumn: consecutive outer points per block
 constexpr int kRowsBlock = 256;      // kWarpPerRow block size
 constexpr int kThreadsPerSm = 2048;
+constexpr int kRowValues = 32;  // kBlockPerRow: cached values per thread the block size aims at
+constexpr int kRowWaves = 4;    // row kernels: grid cap in waves of blocks that fit by threads
 constexpr int kTile = 32;      // kTiled: a tile of kTile (y) x kTileX (x) points per block step
 constexpr int kTileX = 64;     // (8 loads in flight per thread)
 constexpr int kTileShift = 5;  // log2(kTile)
@@ -723,8 +725,15 @@ class CudaKernelEmitter : public CpuKernelEmitter {
       launch_.max_grid = int64_t{num_sms_} * (kThreadsPerSm / kRowsBlock);
     } else {
       launch_.layout = CudaLayout::kBlockPerRow;
+      // Static lengths: the smallest block (128..1024) that leaves at most kRowValues cached
+      // values per thread (in vectors of 4): fewer threads per barrier, and registers enough for
+      // several rows per SM. 8192 columns: 256 threads; 32768: 1024.
       int block = 512;
-      if (total_c) block = *total_c <= 4096 ? 256 : (*total_c <= 16384 ? 512 : 1024);
+      if (total_c) {
+        const int64_t per_thread = std::max<int64_t>(4, kRowValues / std::max(1, RecurringLoads()));
+        block = 128;
+        while (block < 1024 && *total_c > int64_t{block} * per_thread) block *= 2;
+      }
       launch_.block = block;
       group_ = block;
       launch_.work_per_block = 1;
@@ -782,6 +791,30 @@ class CudaKernelEmitter : public CpuKernelEmitter {
       EmitRow(plan);
     }
     w_.Close();
+    if (launch_.layout != CudaLayout::kColumn) {
+      // Several waves of blocks (as many as there are rows, up to kRowWaves times what fits by
+      // threads): how many blocks are resident depends on registers that only ptxas knows, and
+      // a persistent grid sized by a wrong guess leaves a partial last wave as long as the rest.
+      launch_.max_grid = int64_t{num_sms_} * (kThreadsPerSm / launch_.block) * kRowWaves;
+    }
+  }
+
+  // Loads along the reduction that recur in a later phase (the row cache's arrays).
+  int RecurringLoads() const {
+    std::map<std::string, int> count;
+    for (const kernel::Phase& p : k_.phases) {
+      std::set<std::string> here;
+      for (const ExprNode* l : LoadsOf(p.stmts)) {
+        if (!l->args.empty()) continue;
+        bool uses_r = false;
+        for (const IndexTerm& t : l->index.terms) uses_r |= t.var.kind == VarKind::kReduce;
+        const std::string key = AccessKey(l->buffer, l->index);
+        if (uses_r && here.insert(key).second) ++count[key];
+      }
+    }
+    int n = 0;
+    for (const auto& [key, c] : count) n += c > 1;
+    return n;
   }
 
   // One row (outer point) with a vector width of plan.width along r0.

@@ -320,7 +320,7 @@ TEST(CudaEmitter, VectorizedSoftmaxLoadsOnceAndStoresVectors) {
   EXPECT_EQ(launch.cached_values, 32);
   absl::StatusOr<int64_t> grid = CudaGridSize(launch, {65536});
   ASSERT_TRUE(grid.ok());
-  EXPECT_EQ(*grid, 132 * 8);  // one resident wave of 256-thread blocks on 132 SMs
+  EXPECT_EQ(*grid, 132 * 8 * 4);  // four waves of 256-thread blocks on 132 SMs (by threads)
   EXPECT_EQ(*CudaGridSize(launch, {20}), 3);
   EXPECT_EQ(*CudaGridSize(launch, {0}), 1);
   EXPECT_FALSE(CudaGridSize(launch, {}).ok());
@@ -330,11 +330,17 @@ TEST(CudaEmitter, LongRowsGetABlockEachAndTooLongRowsAreNotCached) {
   CudaLaunch launch;
   std::string src = EmitOne(kt::RowSoftmax(8192, true), true, &launch);
   EXPECT_EQ(launch.layout, CudaLayout::kBlockPerRow);
-  EXPECT_EQ(launch.block, 512);
-  EXPECT_EQ(launch.cached_values, 16);
+  EXPECT_EQ(launch.block, 256);  // the smallest block that caches <= 32 values per thread
+  EXPECT_EQ(launch.cached_values, 32);
   EXPECT_TRUE(absl::StrContains(src, "block_allreduce(acc0.max, kiln_cuda::MaxOp(), kiln_smem)"));
   EXPECT_TRUE(absl::StrContains(src, "block_allreduce(acc0.sum, kiln_cuda::SumOp(), kiln_smem)"));
   EXPECT_TRUE(absl::StrContains(src, "alignas(16) __shared__ unsigned char kiln_smem[256];"));
+  EmitOne(kt::RowSoftmax(32768, false), true, &launch);
+  EXPECT_EQ(launch.block, 1024);
+  EXPECT_EQ(launch.cached_values, 32);
+  EmitOne(kt::RowSoftmax(2048, false), true, &launch);
+  EXPECT_EQ(launch.block, 128);
+  EXPECT_EQ(launch.cached_values, 16);
   src = EmitOne(kt::RowSoftmax(1 << 20, false), true, &launch);
   EXPECT_EQ(launch.block, 1024);
   EXPECT_EQ(launch.cached_values, 0);
@@ -379,8 +385,8 @@ TEST(CudaEmitter, ArchPicksTheSmCountOnlyAndTheSourceIsTheSame) {
   absl::StatusOr<CudaSource> s90 = EmitCudaSource({*k});
   ASSERT_TRUE(s80.ok() && s90.ok());
   EXPECT_EQ(s80->source, s90->source);
-  EXPECT_EQ(s80->launches[0].max_grid, 108 * 8);
-  EXPECT_EQ(s90->launches[0].max_grid, 132 * 8);
+  EXPECT_EQ(s80->launches[0].max_grid, 108 * 8 * 4);
+  EXPECT_EQ(s90->launches[0].max_grid, 132 * 8 * 4);
 }
 
 TEST(CudaEmitter, NothingFromTheGraphReachesTheSource) {
