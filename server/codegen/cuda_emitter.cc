@@ -448,6 +448,7 @@ class CudaKernelEmitter : public CpuKernelEmitter {
       lane_ = j;
       filled_.clear();
       PushScope();
+      SeedScope();
       for (const Stmt& s : stmts) EmitCudaStmt(s);
       PopScope();
       lane_ = -1;
@@ -481,7 +482,7 @@ class CudaKernelEmitter : public CpuKernelEmitter {
       // Pass A of a two-pass reduction: keep the value, fold the first statistic.
       if (!two->second.reuses_cache) w_.Linef(Slot(two->second.array), " = ", v, ";");
       if (s.acc.kind == AccKind::kOnlineSoftmax) {
-        w_.Linef("acc", id, ".max = kiln_cuda::maximum(acc", id, ".max, ", v, ");");
+        w_.Linef("acc", id, ".max = kiln_cuda::max_nan(acc", id, ".max, ", v, ");");
       } else {
         w_.Linef("acc", id, ".mean += ", v, ";");
       }
@@ -879,17 +880,19 @@ class CudaKernelEmitter : public CpuKernelEmitter {
       for (const kernel::Phase& p : k_.phases) {
         for (const Stmt& s : p.stmts) folds[s.acc.id] += s.kind == StmtKind::kAccumulate;
       }
-      for (const kernel::Phase& p : k_.phases) {
-        for (const Stmt& s : p.stmts) {
+      for (size_t pi = 0; pi < k_.phases.size(); ++pi) {
+        for (const Stmt& s : k_.phases[pi].stmts) {
           if (s.kind != StmtKind::kAccumulate || folds[s.acc.id] != 1) continue;
           if (s.acc.kind != AccKind::kOnlineSoftmax && s.acc.kind != AccKind::kWelford) continue;
           if (!kernel::IsFloatType(s.acc.dtype)) continue;
           TwoPass tp;
+          tp.phase = static_cast<int>(pi);
           if (s.value->kind == ExprKind::kLoad && s.value->args.empty()) {
             auto cached = cache_.find(AccessKey(s.value->buffer, s.value->index));
             if (cached != cache_.end() && s.value->type == s.acc.dtype) {
               tp.array = cached->second.name;
               tp.reuses_cache = true;
+              tp.key = cached->first;
             }
           }
           if (!tp.reuses_cache) {
@@ -901,6 +904,7 @@ class CudaKernelEmitter : public CpuKernelEmitter {
           two_pass_[s.acc.id] = tp;
         }
       }
+      PlanExpReuse();
       launch_.cached_values = std::max<int>(launch_.cached_values, static_cast<int>(values));
     }
     std::string total_code = SizeCode(total);
@@ -947,6 +951,7 @@ class CudaKernelEmitter : public CpuKernelEmitter {
         EmitReduceDecompose();
         filled_.clear();
         PushScope();
+        SeedScope();
         for (const Stmt& s : stmts) EmitCudaStmt(s);
         PopScope();
       }
@@ -999,7 +1004,70 @@ class CudaKernelEmitter : public CpuKernelEmitter {
   struct TwoPass {
     std::string array;          // kiln_a<id>, or the row cache holding the same load
     bool reuses_cache = false;
+    int phase = 0;              // the phase folding it
+    std::string key;            // reuses_cache: the load's AccessKey
+    // Online softmax over a row cache whose later phases read the load only inside
+    // exp(x - max): pass B overwrites the cache with those exps, which these nodes then read.
+    std::vector<const ExprNode*> exp_nodes;
   };
+
+  // exp(load `key` - acc<id>.max)?
+  static bool IsExpShift(const ExprNode* e, int id, const std::string& key) {
+    if (e->kind != ExprKind::kUnary || e->unary_op != kernel::UnaryOp::kExp) return false;
+    const ExprNode* d = e->args[0].get();
+    if (d->kind != ExprKind::kBinary || d->binary_op != kernel::BinaryOp::kSub) return false;
+    const ExprNode* x = d->args[0].get();
+    const ExprNode* m = d->args[1].get();
+    return x->kind == ExprKind::kLoad && x->args.empty() && AccessKey(x->buffer, x->index) == key &&
+           m->kind == ExprKind::kAccRead && m->acc.id == id && m->field == AccField::kMax;
+  }
+
+  // Collects the exp(x - max) nodes of `e` into `out`; false if the load is read otherwise.
+  static bool OnlyInExpShift(const ExprNode* e, int id, const std::string& key,
+                             std::set<const ExprNode*>* seen, std::vector<const ExprNode*>* out) {
+    if (!seen->insert(e).second) return true;
+    if (IsExpShift(e, id, key)) {
+      out->push_back(e);
+      return true;
+    }
+    if (e->kind == ExprKind::kLoad && AccessKey(e->buffer, e->index) == key) return false;
+    for (const Expr& a : e->args) {
+      if (!OnlyInExpShift(a.get(), id, key, seen, out)) return false;
+    }
+    return true;
+  }
+
+  // Plans the exp reuse of every online-softmax two-pass accumulator that may have it.
+  void PlanExpReuse() {
+    for (auto& [id, tp] : two_pass_) {
+      if (!tp.reuses_cache) continue;
+      bool alone = true;
+      for (const auto& [other, o] : two_pass_) alone &= other == id || o.array != tp.array;
+      if (!alone) continue;
+      bool softmax = false;
+      for (const Accumulator& a : k_.accumulators) {
+        softmax |= a.id == id && a.kind == AccKind::kOnlineSoftmax;
+      }
+      if (!softmax) continue;
+      std::set<const ExprNode*> seen;
+      std::vector<const ExprNode*> nodes;
+      bool ok = true;
+      for (size_t p = tp.phase + 1; p < k_.phases.size() && ok; ++p) {
+        for (const Stmt& st : k_.phases[p].stmts) {
+          ok = ok && OnlyInExpShift(st.value.get(), id, tp.key, &seen, &nodes);
+        }
+      }
+      if (ok && !nodes.empty()) tp.exp_nodes = std::move(nodes);
+    }
+  }
+
+  // In a later phase's element scope: the exp(x - max) nodes read the overwritten cache.
+  void SeedScope() {
+    for (const auto& [id, tp] : two_pass_) {
+      if (phase_ <= tp.phase) continue;
+      for (const ExprNode* e : tp.exp_nodes) scopes_.back()[e] = Slot(tp.array);
+    }
+  }
 
   // The register of `array` for the current chunk and vector lane.
   std::string Slot(const std::string& array) const {
@@ -1042,7 +1110,7 @@ class CudaKernelEmitter : public CpuKernelEmitter {
         w_.Linef(acc, ".mean = ", acc, ".mean / static_cast<", t, ">(", total, ");");
       }
       w_.Open("");
-      if (softmax) {
+      if (softmax && two->second.exp_nodes.empty()) {
         // An all -inf row: max -inf, every exp(-inf - 0) = 0, so sum 0 as the online rule.
         w_.Linef("const ", t, " kiln_m = ", acc, ".max == -kiln_cuda::inf<", t, ">() ? ", t,
                  "(0) : ", acc, ".max;");
@@ -1057,7 +1125,10 @@ class CudaKernelEmitter : public CpuKernelEmitter {
       for (int j = 0; j < width_; ++j) {
         lane_ = width_ == 1 ? -1 : j;
         const std::string x = Slot(two->second.array);
-        if (softmax) {
+        if (softmax && !two->second.exp_nodes.empty()) {
+          w_.Linef(x, " = kiln_cuda::exp(", x, " - ", acc, ".max);");
+          w_.Linef(acc, ".sum += ", x, ";");
+        } else if (softmax) {
           w_.Linef(acc, ".sum += kiln_cuda::exp(", x, " - kiln_m);");
         } else {
           w_.Linef("const ", t, " kiln_d", j, " = ", x, " - ", acc, ".mean;");
@@ -1070,6 +1141,11 @@ class CudaKernelEmitter : public CpuKernelEmitter {
       w_.Close();
       if (softmax) {
         allreduce(acc + ".sum", "kiln_cuda::SumOp()");
+        if (!two->second.exp_nodes.empty()) {
+          // The exps are exp(x - max) exactly as later phases compute them (NaN for an all -inf
+          // row); the online rule's sum of that row is 0.
+          w_.Linef("if (", acc, ".max == -kiln_cuda::inf<", t, ">()) ", acc, ".sum = ", t, "(0);");
+        }
       } else {
         allreduce(acc + ".m2", "kiln_cuda::SumOp()");
         w_.Linef(acc, ".count = static_cast<", t, ">(", total, ");");

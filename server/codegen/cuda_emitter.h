@@ -57,7 +57,9 @@
 //     updated per element: pass A folds the max (resp. the sum), all-reduce, pass B folds
 //     sum(exp(x - max)) (resp. sum((x - mean)^2)) over the registers, all-reduce; count = length.
 //     Same (max, sum) / (mean, m2, count) up to rounding; NaN propagates; an all -inf row gives
-//     max -inf, sum 0 as the online rule. Division by a row's softmax sum or Welford count is
+//     max -inf, sum 0 as the online rule. When later phases read a cached load only inside
+//     exp(x - max) of that accumulator (softmax), pass B overwrites the cache with those exps and
+//     the later phases read them (one exp per element in all). Division by a row's softmax sum or Welford count is
 //     x * (1 / s) with the reciprocal once per row (within 1.5 ulp of x / s; s >= 1, 0 or NaN).
 //   * kColumn: reductions whose loads are contiguous across outer points (column sums): a block
 //     serves 32 consecutive points with block/32 threads each; partials meet in shared memory.

@@ -166,28 +166,26 @@ KILN_DEV void kiln_kernel_0_body(const float* __restrict__ b0, float* __restrict
       const idx_t r0 = kiln_r;
       kiln_c0[kiln_e] = b0[o0 * 1024 + r0];
       const float v0 = kiln_c0[kiln_e];
-      acc0.max = kiln_cuda::maximum(acc0.max, v0);
+      acc0.max = kiln_cuda::max_nan(acc0.max, v0);
     }
     acc0.max = kiln_cuda::warp_allreduce(acc0.max, kiln_cuda::MaxOp());
     {
-      const float kiln_m = acc0.max == -kiln_cuda::inf<float>() ? float(0) : acc0.max;
 #pragma unroll
       for (int kiln_e = 0; kiln_e < 32; ++kiln_e) {
-        acc0.sum += kiln_cuda::exp(kiln_c0[kiln_e] - kiln_m);
+        kiln_c0[kiln_e] = kiln_cuda::exp(kiln_c0[kiln_e] - acc0.max);
+        acc0.sum += kiln_c0[kiln_e];
       }
     }
     acc0.sum = kiln_cuda::warp_allreduce(acc0.sum, kiln_cuda::SumOp());
+    if (acc0.max == -kiln_cuda::inf<float>()) acc0.sum = float(0);
     // phase 1
 #pragma unroll
     for (int kiln_e = 0; kiln_e < 32; ++kiln_e) {
       const idx_t kiln_rb = static_cast<idx_t>(kiln_e) * 32 + kiln_lane;
       const idx_t kiln_r = kiln_rb;
       const idx_t r0 = kiln_r;
-      const float v1 = kiln_c0[kiln_e];
-      const float v2 = v1 - acc0.max;
-      const float v3 = kiln_cuda::exp(v2);
-      const float v4 = v3 * (float(1) / acc0.sum);
-      b1[o0 * 1024 + r0] = v4;
+      const float v1 = kiln_c0[kiln_e] * (float(1) / acc0.sum);
+      b1[o0 * 1024 + r0] = v1;
     }
   }
 }
@@ -311,6 +309,9 @@ TEST(CudaEmitter, VectorizedSoftmaxLoadsOnceAndStoresVectors) {
   EXPECT_EQ(Count(src, "acc0.max = kiln_cuda::warp_allreduce(acc0.max, kiln_cuda::MaxOp());"), 2);
   EXPECT_EQ(Count(src, "acc0.sum = kiln_cuda::warp_allreduce(acc0.sum, kiln_cuda::SumOp());"), 2);
   EXPECT_EQ(Count(src, ".Update("), 0) << src;
+  // Pass B keeps exp(x - max) in the cache; phase 1 reads it instead of a second exp.
+  EXPECT_EQ(Count(src, "kiln_c0[kiln_e * 4 + 3] = kiln_cuda::exp(kiln_c0[kiln_e * 4 + 3] - acc0.max);"), 1) << src;
+  EXPECT_EQ(Count(src, "kiln_cuda::exp("), 5) << src;  // 4 vector lanes + the scalar path
   // x * (1 / sum): the reciprocal is a common subexpression of the row, not a division per element.
   EXPECT_EQ(Count(src, " / acc0.sum"), Count(src, " * (float(1) / acc0.sum)")) << src;
   EXPECT_TRUE(absl::StrContains(src, "const bool kiln_vec = kiln_cuda::aligned(b0, 16) && kiln_cuda::aligned(b1, 16);"));
