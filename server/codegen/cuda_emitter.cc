@@ -1084,7 +1084,8 @@ class CudaKernelEmitter : public CpuKernelEmitter {
           w_.Linef(value, " = kiln_cuda::warp_allreduce(", value, ", ", op, ");");
           break;
         case CudaLayout::kBlockPerRow:
-          w_.Linef(value, " = kiln_cuda::block_allreduce(", value, ", ", op, ", kiln_smem);");
+          w_.Linef(value, " = kiln_cuda::block_allreduce<", launch_.block / 32, ">(", value, ", ", op,
+                   ", kiln_smem);");
           break;
         default:
           w_.Linef(value, " = kiln_cuda::column_allreduce(", value, ", ", op, ", kiln_smem, ",

@@ -333,8 +333,8 @@ TEST(CudaEmitter, LongRowsGetABlockEachAndTooLongRowsAreNotCached) {
   EXPECT_EQ(launch.layout, CudaLayout::kBlockPerRow);
   EXPECT_EQ(launch.block, 256);  // the smallest block that caches <= 32 values per thread
   EXPECT_EQ(launch.cached_values, 32);
-  EXPECT_TRUE(absl::StrContains(src, "block_allreduce(acc0.max, kiln_cuda::MaxOp(), kiln_smem)"));
-  EXPECT_TRUE(absl::StrContains(src, "block_allreduce(acc0.sum, kiln_cuda::SumOp(), kiln_smem)"));
+  EXPECT_TRUE(absl::StrContains(src, "block_allreduce<8>(acc0.max, kiln_cuda::MaxOp(), kiln_smem)"));
+  EXPECT_TRUE(absl::StrContains(src, "block_allreduce<8>(acc0.sum, kiln_cuda::SumOp(), kiln_smem)"));
   EXPECT_TRUE(absl::StrContains(src, "alignas(16) __shared__ unsigned char kiln_smem[256];"));
   EmitOne(kt::RowSoftmax(32768, false), true, &launch);
   EXPECT_EQ(launch.block, 1024);
@@ -346,7 +346,7 @@ TEST(CudaEmitter, LongRowsGetABlockEachAndTooLongRowsAreNotCached) {
   EXPECT_EQ(launch.block, 1024);
   EXPECT_EQ(launch.cached_values, 0);
   // Not cached: the online rule, one merge all-reduce.
-  EXPECT_TRUE(absl::StrContains(src, "block_allreduce(acc0, kiln_cuda::MergeOp(), kiln_smem)"));
+  EXPECT_TRUE(absl::StrContains(src, "block_allreduce<32>(acc0, kiln_cuda::MergeOp(), kiln_smem)"));
   EXPECT_EQ(Count(src, "kiln_cuda::load_vec<4>(b0"), 2) << "re-read in phase 1 when it cannot be cached";
 }
 
