@@ -115,6 +115,7 @@ std::vector<Case> Cases() {
   c.push_back({"softmax_specials", kt::RowSoftmax(1000, false), {6}, false, 3, 1000});
   c.push_back({"log_softmax_specials", kt::RowSoftmax(8192, true), {5}, false, 3, 8192});
   c.push_back({"softmax_2048_block", kt::RowSoftmax(2048, false), {3}});
+  c.push_back({"softmax_32768_specials", kt::RowSoftmax(32768, false), {3}, false, 3, 32768});
   c.push_back({"softmax_plus_input", SoftmaxPlusInput(512), {6}, false, 3, 512});
   c.push_back({"row_statistics_300", RowStatistics(300), {7}});
   c.push_back({"row_statistics_1024_misaligned", RowStatistics(1024), {4}, true});
