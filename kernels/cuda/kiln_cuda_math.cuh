@@ -57,6 +57,20 @@ template <typename T> KILN_DEV T minimum(T a, T b) {
   if constexpr (is_float<T>::value) { return (a != a || a < b) ? a : b; } else { return a < b ? a : b; }
 }
 
+// maximum() in one instruction on sm_80+ (max.NaN: NaN if either is NaN), for the two-pass
+// online softmax's row max, where only the max's value matters: a NaN comes back canonical (no
+// payload) and max(-0, +0) is +0 (maximum() returns its second argument for equal values).
+KILN_DEV float max_nan(float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+#else
+  return maximum(a, b);
+#endif
+}
+KILN_DEV double max_nan(double a, double b) { return maximum(a, b); }
+
 template <typename T> KILN_DEV T relu(T x) { return x > T(0) ? x : (x != x ? x : T(0)); }
 template <typename T> KILN_DEV T sign(T x) { return static_cast<T>((T(0) < x) - (x < T(0))); }
 template <typename T> KILN_DEV T sigmoid(T x) { return T(1) / (T(1) + kiln_cuda::exp(-x)); }

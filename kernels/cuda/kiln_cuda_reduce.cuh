@@ -139,13 +139,15 @@ template <typename S, typename Op> KILN_DEV S warp_allreduce(S s, Op op) {
 }
 
 // Every thread of the block must call it (a barrier inside); `smem` holds blockDim.x / 32 states.
-template <typename S, typename Op> KILN_DEV S block_allreduce(S s, Op op, void* smem) {
+// kWarps > 0: the block has exactly that many warps (the fold is unrolled); 0: blockDim.x / 32.
+template <int kWarps = 0, typename S, typename Op> KILN_DEV S block_allreduce(S s, Op op, void* smem) {
   S* slots = static_cast<S*>(smem);
   s = warp_allreduce(s, op);
   if ((threadIdx.x & 31) == 0) slots[threadIdx.x >> 5] = s;
   __syncthreads();
   S r = slots[0];
-  const int warps = blockDim.x >> 5;
+  const int warps = kWarps > 0 ? kWarps : static_cast<int>(blockDim.x >> 5);
+#pragma unroll
   for (int w = 1; w < warps; ++w) r = op(r, slots[w]);
   __syncthreads();  // the slots may be reused right after
   return r;

@@ -42,6 +42,12 @@ constexpr int kWarpRowLimit = 1024;  // static reduction lengths up to this: a w
 constexpr int kColumnPoints = 32;    // kColumn: consecutive outer points per block
 constexpr int kRowsBlock = 256;      // kWarpPerRow block size
 constexpr int kThreadsPerSm = 2048;
+constexpr int kRowValues = 32;  // kBlockPerRow: cached values per thread the block size aims at
+constexpr int kRowWaves = 4;    // row kernels: grid cap in waves of blocks that fit by threads
+constexpr int kTile = 32;      // kTiled: a tile of kTile (y) x kTileX (x) points per block step
+constexpr int kTileX = 64;     // (8 loads in flight per thread)
+constexpr int kTileShift = 5;  // log2(kTile)
+constexpr int kTileRows = 8;   // kTiled: block = kTile * kTileRows threads
 
 Size Product(const std::vector<Size>& sizes) {
   Size p = Size::Const(1);
@@ -128,6 +134,7 @@ const char* CudaLayoutName(CudaLayout layout) {
     case CudaLayout::kWarpPerRow: return "warp_per_row";
     case CudaLayout::kBlockPerRow: return "block_per_row";
     case CudaLayout::kColumn: return "column";
+    case CudaLayout::kTiled: return "tiled";
   }
   return "?";
 }
@@ -175,7 +182,21 @@ class CudaKernelEmitter : public CpuKernelEmitter {
   }
   std::string BinaryCode(kernel::BinaryOp op, ScalarType t, const std::string& a,
                          const std::string& b) const override {
+    if (op == kernel::BinaryOp::kTrueDiv && (t == ScalarType::kFloat32 || t == ScalarType::kFloat64) &&
+        IsRowDivisor(b)) {
+      // x / s for a row's softmax sum (>= 1, or 0 / NaN) or Welford count (>= 1): x * (1 / s),
+      // the reciprocal computed once per row (common subexpression); within 1.5 ulp of x / s.
+      return absl::StrCat(a, " * (", ValueType(t), "(1) / ", b, ")");
+    }
     return Retarget(CpuKernelEmitter::BinaryCode(op, t, a, b));
+  }
+  static bool IsRowDivisor(const std::string& b) {
+    if (b.rfind("acc", 0) != 0) return false;
+    size_t i = 3;
+    while (i < b.size() && b[i] >= '0' && b[i] <= '9') ++i;
+    if (i == 3) return false;
+    const std::string field = b.substr(i);
+    return field == ".sum" || field == ".count";
   }
   std::string CastCode(ScalarType from, ScalarType to, const std::string& x) const override {
     return Retarget(CpuKernelEmitter::CastCode(from, to, x));
@@ -199,6 +220,10 @@ class CudaKernelEmitter : public CpuKernelEmitter {
   std::string LoadExprCode(const ExprNode& e) override {
     if (!e.args.empty()) return CpuKernelEmitter::LoadExprCode(e);  // masked: scalar, uncached
     const std::string key = AccessKey(e.buffer, e.index);
+    if (tiled_) {
+      auto tile = tiles_.find(key);
+      if (tile != tiles_.end()) return absl::StrCat(tile->second, "[kiln_xl][kiln_i]");
+    }
     std::string code;
     if (plan_ != nullptr && lane_ >= 0) {
       auto vec = plan_->loads.find(key);
@@ -221,6 +246,10 @@ class CudaKernelEmitter : public CpuKernelEmitter {
   }
 
   void EmitFunction() override {
+    // Sizes over scalars: a 32-bit instance guarded by a run-time check (see below). Loop
+    // variables read as values are widened to int64_t in both instances, as with idx32_.
+    const std::string fits = idx32_ ? "" : Int32Check();
+    if (!fits.empty()) idx32_ = true;
     PushScope();
     if (k_.is_pointwise()) {
       EmitPointwise();
@@ -249,16 +278,78 @@ class CudaKernelEmitter : public CpuKernelEmitter {
       }
     }
     for (int i = 0; i < k_.num_scalars; ++i) params.push_back(absl::StrCat("int64_t n", i));
-    head.Open(absl::StrCat("extern \"C\" __global__ void __launch_bounds__(", launch_.block, ") ",
-                           CpuKernelSymbol(index_), "(", absl::StrJoin(params, ", "), ")"));
-    head.Linef("using idx_t = ", idx32_ ? "int32_t" : "int64_t", ";");
-    if (smem_bytes_ > 0) {
-      head.Linef("alignas(16) __shared__ unsigned char kiln_smem[", smem_bytes_, "];");
+    if (fits.empty()) {
+      head.Open(absl::StrCat("extern \"C\" __global__ void __launch_bounds__(", launch_.block, ") ",
+                             CpuKernelSymbol(index_), "(", absl::StrJoin(params, ", "), ")"));
+      head.Linef("using idx_t = ", idx32_ ? "int32_t" : "int64_t", ";");
+      if (smem_bytes_ > 0) {
+        head.Linef("alignas(16) __shared__ unsigned char kiln_smem[", smem_bytes_, "];");
+      }
+      result_ = head.Take();
+      result_ += hoisted_.str();
+      result_ += w_.str();
+      result_ += "}\n";
+      return;
     }
+    // Sizes over scalars: the body is a template on the index type, and the kernel takes the
+    // 32-bit instance when the scalars make every size fit (the common case), else 64-bit.
+    std::vector<std::string> args;
+    for (const Buffer& b : k_.buffers) args.push_back(absl::StrCat("b", b.index));
+    for (int i = 0; i < k_.num_scalars; ++i) args.push_back(absl::StrCat("n", i));
+    std::vector<std::string> body_params = params;
+    if (smem_bytes_ > 0) {
+      body_params.push_back("unsigned char* kiln_smem");
+      args.push_back("kiln_smem");
+    }
+    const std::string body = absl::StrCat(CpuKernelSymbol(index_), "_body");
+    head.Line("template <typename idx_t>");
+    head.Open(absl::StrCat("KILN_DEV void ", body, "(", absl::StrJoin(body_params, ", "), ")"));
     result_ = head.Take();
     result_ += hoisted_.str();
     result_ += w_.str();
     result_ += "}\n";
+    CodeWriter kernel;
+    kernel.Open(absl::StrCat("extern \"C\" __global__ void __launch_bounds__(", launch_.block, ") ",
+                             CpuKernelSymbol(index_), "(", absl::StrJoin(params, ", "), ")"));
+    if (smem_bytes_ > 0) {
+      kernel.Linef("alignas(16) __shared__ unsigned char kiln_smem[", smem_bytes_, "];");
+    }
+    kernel.Open(absl::StrCat("if (", fits, ")"));
+    kernel.Linef(body, "<int32_t>(", absl::StrJoin(args, ", "), ");");
+    kernel.Close();
+    kernel.Open("else");
+    kernel.Linef(body, "<int64_t>(", absl::StrJoin(args, ", "), ");");
+    kernel.Close();
+    result_ += kernel.Take();
+    result_ += "}\n";
+  }
+
+  // A run-time condition on the scalars under which 32-bit indices are safe: the work and every
+  // buffer's size, plus kIndexSlack, fit in int32 (evaluated in double: exact below 2^53, and no
+  // overflow). "" when some size is not a polynomial in the scalars the emitter can evaluate.
+  std::string Int32Check() const {
+    const Size work = Product(k_.outer) * Product(k_.reduce);
+    std::vector<Size> sizes = {work};
+    for (const Buffer& b : k_.buffers) sizes.push_back(b.num_elements);
+    std::vector<std::string> conds;
+    const int64_t limit = std::numeric_limits<int32_t>::max() - kIndexSlack;
+    for (const Size& s : sizes) {
+      if (const absl::optional<int64_t> c = s.AsConst()) {
+        if (*c < 0 || *c > limit) return "";
+        continue;
+      }
+      std::vector<std::string> terms;
+      for (const Size::Monomial& m : s.terms()) {
+        std::vector<std::string> f;
+        f.push_back(absl::StrCat(m.coeff, ".0"));
+        for (int32_t p : m.params) f.push_back(absl::StrCat("static_cast<double>(n", p, ")"));
+        terms.push_back(absl::StrJoin(f, " * "));
+      }
+      const std::string cond = absl::StrCat(absl::StrJoin(terms, " + "), " <= ", limit, ".0");
+      if (std::find(conds.begin(), conds.end(), cond) == conds.end()) conds.push_back(cond);
+    }
+    if (conds.empty()) return "";
+    return absl::StrJoin(conds, " && ");
   }
 
  private:
@@ -357,6 +448,7 @@ class CudaKernelEmitter : public CpuKernelEmitter {
       lane_ = j;
       filled_.clear();
       PushScope();
+      SeedScope();
       for (const Stmt& s : stmts) EmitCudaStmt(s);
       PopScope();
       lane_ = -1;
@@ -385,6 +477,17 @@ class CudaKernelEmitter : public CpuKernelEmitter {
       return;
     }
     const int id = s.acc.id;
+    auto two = two_pass_.find(id);
+    if (two != two_pass_.end()) {
+      // Pass A of a two-pass reduction: keep the value, fold the first statistic.
+      if (!two->second.reuses_cache) w_.Linef(Slot(two->second.array), " = ", v, ";");
+      if (s.acc.kind == AccKind::kOnlineSoftmax) {
+        w_.Linef("acc", id, ".max = kiln_cuda::max_nan(acc", id, ".max, ", v, ");");
+      } else {
+        w_.Linef("acc", id, ".mean += ", v, ";");
+      }
+      return;
+    }
     switch (s.acc.kind) {
       case AccKind::kSum: w_.Linef("acc", id, " += ", v, ";"); break;
       case AccKind::kProd: w_.Linef("acc", id, " *= ", v, ";"); break;
@@ -425,6 +528,7 @@ class CudaKernelEmitter : public CpuKernelEmitter {
       w_.Close();
       return;
     }
+    if (EmitTiled()) return;
     const int last = k - 1;
     const Var x{VarKind::kOuter, last};
     const VecPlan plan = PlanVector(k_.body, x);
@@ -480,6 +584,99 @@ class CudaKernelEmitter : public CpuKernelEmitter {
     w_.Close();
   }
 
+  // ---- tiled pointwise ----
+  // Loads contiguous along o{k-2} (y) but strided along the innermost o{k-1} (x), where the
+  // stores are contiguous: a block handles a kTile x kTileX tile of (y, x); each such load is
+  // staged through a padded shared tile (warps read it coalesced along y), then every thread
+  // computes one (y, x) point per step with lanes along x (stores coalesced). Constant y and x
+  // extents only; the tail tiles are bounds-checked. False (nothing emitted) when no load needs it.
+  bool EmitTiled() {
+    const int k = static_cast<int>(k_.outer.size());
+    if (k < 2 || !cuda_.tile) return false;
+    const Var x{VarKind::kOuter, k - 1}, y{VarKind::kOuter, k - 2};
+    const absl::optional<int64_t> xs = k_.outer[k - 1].AsConst(), ys = k_.outer[k - 2].AsConst();
+    if (!xs || !ys || *xs < kTile || *ys < kTile) return false;
+    tiles_.clear();
+    std::vector<const ExprNode*> staged;
+    for (const ExprNode* l : LoadsOf(k_.body)) {
+      if (!l->args.empty()) continue;
+      const absl::optional<int64_t> sx = ConstStride(l->index, x), sy = ConstStride(l->index, y);
+      if (sy != absl::optional<int64_t>(1) || !sx || *sx == 0 || *sx == 1) continue;
+      const std::string key = AccessKey(l->buffer, l->index);
+      if (tiles_.count(key)) continue;
+      tiles_[key] = absl::StrCat("kiln_t", tiles_.size());
+      staged.push_back(l);
+    }
+    if (staged.empty()) return false;
+    launch_.layout = CudaLayout::kTiled;
+    launch_.block = kTile * kTileRows;
+    const int64_t tx = (*xs + kTileX - 1) / kTileX, ty = (*ys + kTile - 1) / kTile;
+    Size rest = Size::Const(1);
+    for (int i = 0; i < k - 2; ++i) rest = rest * k_.outer[i];
+    launch_.work = rest * Size::Const(tx * ty);
+    launch_.work_per_block = 1;
+    launch_.max_grid =
+        int64_t{num_sms_} * std::max(1, kThreadsPerSm / launch_.block) * cuda_.pointwise_waves;
+    const std::string xn = kernel::VarName(x), yn = kernel::VarName(y);
+    for (const ExprNode* l : staged) {
+      w_.Linef("__shared__ ", ValueType(l->type), " ", tiles_[AccessKey(l->buffer, l->index)], "[",
+               kTileX, "][", kTile + 1, "];");
+    }
+    w_.Linef("const int kiln_lane = threadIdx.x & ", kTile - 1, ";");
+    w_.Linef("const int kiln_row = threadIdx.x >> ", kTileShift, ";");
+    w_.Linef("const idx_t kiln_units = ",
+             rest.is_const(1) ? absl::StrCat(tx * ty) : absl::StrCat(SizeCode(rest), " * ", tx * ty),
+             ";");
+    w_.Open("for (idx_t kiln_u = blockIdx.x; kiln_u < kiln_units; kiln_u += gridDim.x)");
+    w_.Linef("const idx_t kiln_x0 = kiln_u % ", tx, " * ", kTileX, ";");
+    w_.Linef("const idx_t kiln_y0 = kiln_u / ", tx, " % ", ty, " * ", kTile, ";");
+    if (k > 2) {
+      w_.Linef("const idx_t kiln_rest_u = kiln_u / ", tx * ty, ";");
+      EmitDecompose("kiln_rest_u", k - 2);
+    }
+    const bool x_tail = *xs % kTileX != 0, y_tail = *ys % kTile != 0;
+    auto bounds = [&]() {
+      std::vector<std::string> c;
+      if (y_tail) c.push_back(absl::StrCat(yn, " < ", *ys));
+      if (x_tail) c.push_back(absl::StrCat(xn, " < ", *xs));
+      return absl::StrJoin(c, " && ");
+    };
+    // Stage: lanes along y (coalesced reads), rows of the block along x.
+    w_.Raw("#pragma unroll");
+    w_.Open(absl::StrCat("for (int kiln_j = 0; kiln_j < ", kTileX / kTileRows, "; ++kiln_j)"));
+    w_.Linef("const int kiln_i = kiln_row + kiln_j * ", kTileRows, ";");
+    w_.Linef("const idx_t ", yn, " = kiln_y0 + kiln_lane;");
+    w_.Linef("const idx_t ", xn, " = kiln_x0 + kiln_i;");
+    std::string cond = bounds();
+    if (!cond.empty()) w_.Open(absl::StrCat("if (", cond, ")"));
+    for (const ExprNode* l : staged) {
+      w_.Linef(tiles_[AccessKey(l->buffer, l->index)], "[kiln_i][kiln_lane] = ",
+               LoadCode(l->buffer, IndexCode(l->index)), ";");
+    }
+    if (!cond.empty()) w_.Close();
+    w_.Close();
+    w_.Line("__syncthreads();");
+    // Compute: lanes along x, rows of the block along y.
+    w_.Raw("#pragma unroll");
+    w_.Open(absl::StrCat("for (int kiln_j = 0; kiln_j < ", kTile / kTileRows * (kTileX / kTile),
+                         "; ++kiln_j)"));
+    w_.Linef("const int kiln_i = kiln_row + kiln_j % ", kTile / kTileRows, " * ", kTileRows, ";");
+    w_.Linef("const int kiln_xl = kiln_lane + kiln_j / ", kTile / kTileRows, " * ", kTile, ";");
+    w_.Linef("const idx_t ", yn, " = kiln_y0 + kiln_i;");
+    w_.Linef("const idx_t ", xn, " = kiln_x0 + kiln_xl;");
+    if (!cond.empty()) w_.Open(absl::StrCat("if (", cond, ")"));
+    tiled_ = true;
+    PushScope();
+    for (const Stmt& st : k_.body) EmitCudaStmt(st);
+    PopScope();
+    tiled_ = false;
+    if (!cond.empty()) w_.Close();
+    w_.Close();
+    w_.Line("__syncthreads();  // the tiles are refilled next step");
+    w_.Close();
+    return true;
+  }
+
   // ---- rows ----
   bool IsColumnReduction() const {
     if (k_.outer.empty()) return false;
@@ -529,8 +726,15 @@ class CudaKernelEmitter : public CpuKernelEmitter {
       launch_.max_grid = int64_t{num_sms_} * (kThreadsPerSm / kRowsBlock);
     } else {
       launch_.layout = CudaLayout::kBlockPerRow;
+      // Static lengths: the smallest block (128..1024) that leaves at most kRowValues cached
+      // values per thread (in vectors of 4): fewer threads per barrier, and registers enough for
+      // several rows per SM. 8192 columns: 256 threads; 32768: 1024.
       int block = 512;
-      if (total_c) block = *total_c <= 4096 ? 256 : (*total_c <= 16384 ? 512 : 1024);
+      if (total_c) {
+        const int64_t per_thread = std::max<int64_t>(4, kRowValues / std::max(1, RecurringLoads()));
+        block = 128;
+        while (block < 1024 && *total_c > int64_t{block} * per_thread) block *= 2;
+      }
       launch_.block = block;
       group_ = block;
       launch_.work_per_block = 1;
@@ -588,6 +792,30 @@ class CudaKernelEmitter : public CpuKernelEmitter {
       EmitRow(plan);
     }
     w_.Close();
+    if (launch_.layout != CudaLayout::kColumn) {
+      // Several waves of blocks (as many as there are rows, up to kRowWaves times what fits by
+      // threads): how many blocks are resident depends on registers that only ptxas knows, and
+      // a persistent grid sized by a wrong guess leaves a partial last wave as long as the rest.
+      launch_.max_grid = int64_t{num_sms_} * (kThreadsPerSm / launch_.block) * kRowWaves;
+    }
+  }
+
+  // Loads along the reduction that recur in a later phase (the row cache's arrays).
+  int RecurringLoads() const {
+    std::map<std::string, int> count;
+    for (const kernel::Phase& p : k_.phases) {
+      std::set<std::string> here;
+      for (const ExprNode* l : LoadsOf(p.stmts)) {
+        if (!l->args.empty()) continue;
+        bool uses_r = false;
+        for (const IndexTerm& t : l->index.terms) uses_r |= t.var.kind == VarKind::kReduce;
+        const std::string key = AccessKey(l->buffer, l->index);
+        if (uses_r && here.insert(key).second) ++count[key];
+      }
+    }
+    int n = 0;
+    for (const auto& [key, c] : count) n += c > 1;
+    return n;
   }
 
   // One row (outer point) with a vector width of plan.width along r0.
@@ -636,15 +864,48 @@ class CudaKernelEmitter : public CpuKernelEmitter {
       for (const auto& [key, c] : count) values += c > 1 ? chunks * width : 0;
       // At most half of the registers a thread of this block size may have.
       const int64_t limit = std::min<int64_t>(cuda_.max_cached_values, 65536 / launch_.block / 2);
-      if (values > 0 && values <= limit) {
+      if (values > limit) values = 0;
+      if (values > 0) {
         for (const auto& [key, c] : count) {
           if (c < 2) continue;
           CacheEntry e{absl::StrCat("kiln_c", cache_.size()), first[key]};
           w_.Linef(ValueType(type[key]), " ", e.name, "[", chunks * width, "];");
           cache_[key] = e;
         }
-        launch_.cached_values = std::max<int>(launch_.cached_values, static_cast<int>(values));
       }
+      // Online softmax and Welford over register-resident values: two cheap passes instead of
+      // the per-element online rule (a max or sum, then exp(x - max) or (x - mean)^2). Not for
+      // an accumulator folded by more than one statement.
+      std::map<int, int> folds;
+      for (const kernel::Phase& p : k_.phases) {
+        for (const Stmt& s : p.stmts) folds[s.acc.id] += s.kind == StmtKind::kAccumulate;
+      }
+      for (size_t pi = 0; pi < k_.phases.size(); ++pi) {
+        for (const Stmt& s : k_.phases[pi].stmts) {
+          if (s.kind != StmtKind::kAccumulate || folds[s.acc.id] != 1) continue;
+          if (s.acc.kind != AccKind::kOnlineSoftmax && s.acc.kind != AccKind::kWelford) continue;
+          if (!kernel::IsFloatType(s.acc.dtype)) continue;
+          TwoPass tp;
+          tp.phase = static_cast<int>(pi);
+          if (s.value->kind == ExprKind::kLoad && s.value->args.empty()) {
+            auto cached = cache_.find(AccessKey(s.value->buffer, s.value->index));
+            if (cached != cache_.end() && s.value->type == s.acc.dtype) {
+              tp.array = cached->second.name;
+              tp.reuses_cache = true;
+              tp.key = cached->first;
+            }
+          }
+          if (!tp.reuses_cache) {
+            if (values + chunks * width > limit) continue;
+            values += chunks * width;
+            tp.array = absl::StrCat("kiln_a", s.acc.id);
+            w_.Linef(ValueType(s.acc.dtype), " ", tp.array, "[", chunks * width, "];");
+          }
+          two_pass_[s.acc.id] = tp;
+        }
+      }
+      PlanExpReuse();
+      launch_.cached_values = std::max<int>(launch_.cached_values, static_cast<int>(values));
     }
     std::string total_code = SizeCode(total);
     for (size_t p = 0; p < k_.phases.size(); ++p) {
@@ -690,32 +951,20 @@ class CudaKernelEmitter : public CpuKernelEmitter {
         EmitReduceDecompose();
         filled_.clear();
         PushScope();
+        SeedScope();
         for (const Stmt& s : stmts) EmitCudaStmt(s);
         PopScope();
       }
       for (int i = 0; i < opened; ++i) w_.Close();
-      // All-reduce the accumulators this phase folded.
-      std::set<int> done;
-      for (const Stmt& s : stmts) {
-        if (s.kind != StmtKind::kAccumulate || !done.insert(s.acc.id).second) continue;
-        const std::string acc = absl::StrCat("acc", s.acc.id);
-        switch (launch_.layout) {
-          case CudaLayout::kWarpPerRow:
-            w_.Linef(acc, " = kiln_cuda::warp_allreduce(", acc, ", ", ReduceOp(s.acc.kind), ");");
-            break;
-          case CudaLayout::kBlockPerRow:
-            w_.Linef(acc, " = kiln_cuda::block_allreduce(", acc, ", ", ReduceOp(s.acc.kind),
-                     ", kiln_smem);");
-            break;
-          default:
-            w_.Linef(acc, " = kiln_cuda::column_allreduce(", acc, ", ", ReduceOp(s.acc.kind),
-                     ", kiln_smem, ", kColumnPoints, ");");
-            break;
-        }
+      if (total_c && !column) {
+        EmitAllReduces(stmts, chunks, *total_c);
+      } else {
+        EmitAllReduces(stmts, 0, 0);
       }
     }
     phase_ = -1;
     cache_.clear();
+    two_pass_.clear();
     if (!k_.body.empty()) {
       w_.Open(column ? "if (kiln_active && kiln_lane == 0)" : "if (kiln_lane == 0)");
       PushScope();
@@ -749,6 +998,161 @@ class CudaKernelEmitter : public CpuKernelEmitter {
     std::string name;
     int first_phase = 0;
   };
+  // An online-softmax or Welford accumulator whose phase keeps its values in registers: pass A
+  // stores each value (or finds it in a row cache) and folds the max / the sum, an all-reduce,
+  // pass B folds sum(exp(x - max)) / sum((x - mean)^2) over the registers, an all-reduce.
+  struct TwoPass {
+    std::string array;          // kiln_a<id>, or the row cache holding the same load
+    bool reuses_cache = false;
+    int phase = 0;              // the phase folding it
+    std::string key;            // reuses_cache: the load's AccessKey
+    // Online softmax over a row cache whose later phases read the load only inside
+    // exp(x - max): pass B overwrites the cache with those exps, which these nodes then read.
+    std::vector<const ExprNode*> exp_nodes;
+  };
+
+  // exp(load `key` - acc<id>.max)?
+  static bool IsExpShift(const ExprNode* e, int id, const std::string& key) {
+    if (e->kind != ExprKind::kUnary || e->unary_op != kernel::UnaryOp::kExp) return false;
+    const ExprNode* d = e->args[0].get();
+    if (d->kind != ExprKind::kBinary || d->binary_op != kernel::BinaryOp::kSub) return false;
+    const ExprNode* x = d->args[0].get();
+    const ExprNode* m = d->args[1].get();
+    return x->kind == ExprKind::kLoad && x->args.empty() && AccessKey(x->buffer, x->index) == key &&
+           m->kind == ExprKind::kAccRead && m->acc.id == id && m->field == AccField::kMax;
+  }
+
+  // Collects the exp(x - max) nodes of `e` into `out`; false if the load is read otherwise.
+  static bool OnlyInExpShift(const ExprNode* e, int id, const std::string& key,
+                             std::set<const ExprNode*>* seen, std::vector<const ExprNode*>* out) {
+    if (!seen->insert(e).second) return true;
+    if (IsExpShift(e, id, key)) {
+      out->push_back(e);
+      return true;
+    }
+    if (e->kind == ExprKind::kLoad && AccessKey(e->buffer, e->index) == key) return false;
+    for (const Expr& a : e->args) {
+      if (!OnlyInExpShift(a.get(), id, key, seen, out)) return false;
+    }
+    return true;
+  }
+
+  // Plans the exp reuse of every online-softmax two-pass accumulator that may have it.
+  void PlanExpReuse() {
+    for (auto& [id, tp] : two_pass_) {
+      if (!tp.reuses_cache) continue;
+      bool alone = true;
+      for (const auto& [other, o] : two_pass_) alone &= other == id || o.array != tp.array;
+      if (!alone) continue;
+      bool softmax = false;
+      for (const Accumulator& a : k_.accumulators) {
+        softmax |= a.id == id && a.kind == AccKind::kOnlineSoftmax;
+      }
+      if (!softmax) continue;
+      std::set<const ExprNode*> seen;
+      std::vector<const ExprNode*> nodes;
+      bool ok = true;
+      for (size_t p = tp.phase + 1; p < k_.phases.size() && ok; ++p) {
+        for (const Stmt& st : k_.phases[p].stmts) {
+          ok = ok && OnlyInExpShift(st.value.get(), id, tp.key, &seen, &nodes);
+        }
+      }
+      if (ok && !nodes.empty()) tp.exp_nodes = std::move(nodes);
+    }
+  }
+
+  // In a later phase's element scope: the exp(x - max) nodes read the overwritten cache.
+  void SeedScope() {
+    for (const auto& [id, tp] : two_pass_) {
+      if (phase_ <= tp.phase) continue;
+      for (const ExprNode* e : tp.exp_nodes) scopes_.back()[e] = Slot(tp.array);
+    }
+  }
+
+  // The register of `array` for the current chunk and vector lane.
+  std::string Slot(const std::string& array) const {
+    return width_ == 1 ? absl::StrCat(array, "[kiln_e]")
+                       : absl::StrCat(array, "[kiln_e * ", width_, " + ", (lane_ < 0 ? 0 : lane_), "]");
+  }
+
+  // Pass B of the two-pass accumulators folded in `stmts`, and the all-reduces of every
+  // accumulator the phase folded.
+  void EmitAllReduces(const std::vector<Stmt>& stmts, int64_t chunks, int64_t total) {
+    auto allreduce = [&](const std::string& value, const char* op) {
+      switch (launch_.layout) {
+        case CudaLayout::kWarpPerRow:
+          w_.Linef(value, " = kiln_cuda::warp_allreduce(", value, ", ", op, ");");
+          break;
+        case CudaLayout::kBlockPerRow:
+          w_.Linef(value, " = kiln_cuda::block_allreduce<", launch_.block / 32, ">(", value, ", ", op,
+                   ", kiln_smem);");
+          break;
+        default:
+          w_.Linef(value, " = kiln_cuda::column_allreduce(", value, ", ", op, ", kiln_smem, ",
+                   kColumnPoints, ");");
+          break;
+      }
+    };
+    std::set<int> done;
+    for (const Stmt& s : stmts) {
+      if (s.kind != StmtKind::kAccumulate || !done.insert(s.acc.id).second) continue;
+      const std::string acc = absl::StrCat("acc", s.acc.id);
+      auto two = two_pass_.find(s.acc.id);
+      if (two == two_pass_.end()) {
+        allreduce(acc, ReduceOp(s.acc.kind));
+        continue;
+      }
+      const std::string t = ValueType(s.acc.dtype);
+      const bool softmax = s.acc.kind == AccKind::kOnlineSoftmax;
+      if (softmax) {
+        allreduce(acc + ".max", "kiln_cuda::MaxOp()");
+      } else {
+        allreduce(acc + ".mean", "kiln_cuda::SumOp()");
+        w_.Linef(acc, ".mean = ", acc, ".mean / static_cast<", t, ">(", total, ");");
+      }
+      w_.Open("");
+      if (softmax && two->second.exp_nodes.empty()) {
+        // An all -inf row: max -inf, every exp(-inf - 0) = 0, so sum 0 as the online rule.
+        w_.Linef("const ", t, " kiln_m = ", acc, ".max == -kiln_cuda::inf<", t, ">() ? ", t,
+                 "(0) : ", acc, ".max;");
+      }
+      w_.Raw("#pragma unroll");
+      w_.Open(absl::StrCat("for (int kiln_e = 0; kiln_e < ", chunks, "; ++kiln_e)"));
+      const bool guard = total % (int64_t{group_} * width_) != 0;
+      if (guard) {
+        w_.Open(absl::StrCat("if ((static_cast<idx_t>(kiln_e) * ", group_, " + kiln_lane)",
+                             width_ == 1 ? "" : absl::StrCat(" * ", width_), " < ", total, ")"));
+      }
+      for (int j = 0; j < width_; ++j) {
+        lane_ = width_ == 1 ? -1 : j;
+        const std::string x = Slot(two->second.array);
+        if (softmax && !two->second.exp_nodes.empty()) {
+          w_.Linef(x, " = kiln_cuda::exp(", x, " - ", acc, ".max);");
+          w_.Linef(acc, ".sum += ", x, ";");
+        } else if (softmax) {
+          w_.Linef(acc, ".sum += kiln_cuda::exp(", x, " - kiln_m);");
+        } else {
+          w_.Linef("const ", t, " kiln_d", j, " = ", x, " - ", acc, ".mean;");
+          w_.Linef(acc, ".m2 += kiln_d", j, " * kiln_d", j, ";");
+        }
+      }
+      lane_ = -1;
+      if (guard) w_.Close();
+      w_.Close();
+      w_.Close();
+      if (softmax) {
+        allreduce(acc + ".sum", "kiln_cuda::SumOp()");
+        if (!two->second.exp_nodes.empty()) {
+          // The exps are exp(x - max) exactly as later phases compute them (NaN for an all -inf
+          // row); the online rule's sum of that row is 0.
+          w_.Linef("if (", acc, ".max == -kiln_cuda::inf<", t, ">()) ", acc, ".sum = ", t, "(0);");
+        }
+      } else {
+        allreduce(acc + ".m2", "kiln_cuda::SumOp()");
+        w_.Linef(acc, ".count = static_cast<", t, ">(", total, ");");
+      }
+    }
+  }
 
   const CudaEmitOptions cuda_;
   int num_sms_ = 132;
@@ -760,6 +1164,9 @@ class CudaKernelEmitter : public CpuKernelEmitter {
   int phase_ = -1;       // the phase being emitted, or -1
   const VecPlan* plan_ = nullptr;
   std::map<std::string, CacheEntry> cache_;  // by AccessKey
+  std::map<int, TwoPass> two_pass_;          // by accumulator id, in the row being emitted
+  std::map<std::string, std::string> tiles_;  // staged loads of a tiled kernel, by AccessKey
+  bool tiled_ = false;                        // emitting the compute step of a tiled kernel
   std::set<std::string> filled_;             // cache slots written in the current lane
 };
 

@@ -22,23 +22,45 @@
 // gridDim = (CudaGridSize(launch, scalars), 1, 1) where
 //     grid = clamp(ceil(work / work_per_block), 1, max_grid)
 // with `work` a Size over the scalars. Every kernel loops grid-stride (persistent), so ANY grid
-// >= 1 computes the right result; the rule only picks a fast one (several waves over the SMs for
-// pointwise kernels; one resident wave for row kernels).
+// >= 1 computes the right result; the rule only picks a fast one (up to 4 waves, by threads, of
+// blocks over the SMs: residency also depends on registers, which only ptxas knows).
+//
+// Index type: idx_t = int32_t when every size is a constant that fits (plus a slack for
+// grid-stride and vector overrun), int64_t when some constant does not. Sizes over scalars: the
+// body is `template <typename idx_t> KILN_DEV void kiln_kernel_<i>_body(...)` (static shared
+// memory stays in the kernel and is passed in), and the kernel calls the int32_t instance when
+// the scalars make the work and every buffer size (plus the slack) fit, the int64_t one otherwise.
 //
 // Thread mappings (CudaLayout):
 //   * kPointwise: the outer space is flattened into rows x chunks of `vector_width` consecutive
 //     innermost elements; a thread handles a chunk per grid-stride step. When the innermost index
 //     of a load or store is contiguous, the chunk moves through one 16-byte (or narrower)
 //     vector access, after a run-time check (pointers aligned, offsets and outer strides
-//     multiples of the width; a row's tail chunk is scalar). 32-bit indices when every size is a
-//     constant that fits, 64-bit otherwise.
+//     multiples of the width; a row's tail chunk is scalar).
+//   * kTiled: pointwise kernels with a load contiguous along o{k-2} (y) but strided along the
+//     innermost o{k-1} (x), along which stores are contiguous (transposes, transposed broadcast
+//     adds), and constant y, x extents >= 32: a block of 256 threads takes 32 x 64 (y, x) tiles
+//     grid-stride; each such load is staged in a padded __shared__ [64][33] tile with lanes along
+//     y (coalesced), then each thread computes 8 points with lanes along x (coalesced stores,
+//     conflict-free tile reads). Tail tiles are bounds-checked; leading dims come from the tile
+//     index. CudaEmitOptions::tile = false keeps kPointwise.
 //   * kWarpPerRow (static reduction length <= 1024), kBlockPerRow (longer or dynamic): one outer
 //     point per warp / block; each phase is a strided loop over the (flattened) reduction space
 //     into thread-local accumulators (vectorized like pointwise when r0 is contiguous), then a
 //     warp-shuffle (+ shared-memory) all-reduce so that every thread holds the row's result for
 //     later phases. When the reduction length is static and a load recurs in a later phase, the
-//     values are kept in registers (`kiln_c<k>`) and HBM is read once (softmax, layer norm).
-//     The body runs once per row (lane 0).
+//     values are kept in registers (`kiln_c<k>`) and HBM is read once (softmax, layer norm);
+//     kBlockPerRow then takes the smallest block (128..1024) leaving <= 32 such values per thread
+//     (else 512 threads, or 256..1024 by length). The body runs once per row (lane 0).
+//     Two-pass statistics: an online-softmax or Welford accumulator folded by one statement whose
+//     values are in registers (the row cache, or `kiln_a<id>` within the register budget) is not
+//     updated per element: pass A folds the max (resp. the sum), all-reduce, pass B folds
+//     sum(exp(x - max)) (resp. sum((x - mean)^2)) over the registers, all-reduce; count = length.
+//     Same (max, sum) / (mean, m2, count) up to rounding; NaN propagates; an all -inf row gives
+//     max -inf, sum 0 as the online rule. When later phases read a cached load only inside
+//     exp(x - max) of that accumulator (softmax), pass B overwrites the cache with those exps and
+//     the later phases read them (one exp per element in all). Division by a row's softmax sum or Welford count is
+//     x * (1 / s) with the reciprocal once per row (within 1.5 ulp of x / s; s >= 1, 0 or NaN).
 //   * kColumn: reductions whose loads are contiguous across outer points (column sums): a block
 //     serves 32 consecutive points with block/32 threads each; partials meet in shared memory.
 //
@@ -64,9 +86,10 @@ struct CudaEmitOptions {
   int max_cached_values = 64;    // registers per thread that may cache a row's loads (and at
                                  // most half of what the block size leaves a thread)
   bool vectorize = true;
+  bool tile = true;  // kTiled for pointwise kernels with transposed loads
 };
 
-enum class CudaLayout { kPointwise, kWarpPerRow, kBlockPerRow, kColumn };
+enum class CudaLayout { kPointwise, kWarpPerRow, kBlockPerRow, kColumn, kTiled };
 const char* CudaLayoutName(CudaLayout layout);  // "pointwise", "warp_per_row", ...
 
 struct CudaLaunch {

@@ -18,13 +18,14 @@ namespace kt = ::kiln::kernel::testing;
 // The kernel's function alone (no prelude). KILN_PRINT_GOLDEN=1 prints it, to update the
 // expectations below intentionally.
 std::string EmitOne(const absl::StatusOr<Kernel>& k, bool vectorize = true,
-                    CudaLaunch* launch = nullptr) {
+                    CudaLaunch* launch = nullptr, bool tile = true) {
   EXPECT_TRUE(k.ok()) << k.status();
   if (!k.ok()) return "";
   EXPECT_TRUE(VerifyKernel(*k).ok());
   CudaEmitOptions options;
   options.include_prelude = false;
   options.vectorize = vectorize;
+  options.tile = tile;
   absl::StatusOr<CudaSource> src = EmitCudaSource({*k}, options);
   EXPECT_TRUE(src.ok()) << src.status();
   if (!src.ok()) return "";
@@ -42,7 +43,7 @@ int Count(const std::string& haystack, const std::string& needle) {
 }
 
 TEST(CudaEmitterGolden, PointwiseBroadcastAddIsVectorizedWithAScalarTail) {
-  EXPECT_EQ(EmitOne(kt::BroadcastAddTransposed(64, 1024), /*vectorize=*/true), R"cu(// kiln_kernel_0: pointwise, 2 outer dims, 0 reduction dims, 0 phases, vector width 4, 0 cached values per thread
+  EXPECT_EQ(EmitOne(kt::BroadcastAddTransposed(64, 1024), /*vectorize=*/true, nullptr, /*tile=*/false), R"cu(// kiln_kernel_0: pointwise, 2 outer dims, 0 reduction dims, 0 phases, vector width 4, 0 cached values per thread
 extern "C" __global__ void __launch_bounds__(256) kiln_kernel_0(const float* __restrict__ b0, const float* __restrict__ b1, float* __restrict__ b2) {
   using idx_t = int32_t;
   const bool kiln_vec = kiln_cuda::aligned(b1, 16) && kiln_cuda::aligned(b2, 16);
@@ -102,10 +103,56 @@ extern "C" __global__ void __launch_bounds__(256) kiln_kernel_0(const float* __r
 )cu");
 }
 
+// The transposed load goes through a padded shared tile (read coalesced along o0), the
+// broadcast load and the store are coalesced along o1; tail tiles are bounds-checked.
+TEST(CudaEmitterGolden, TransposedLoadsAreStagedThroughASharedTile) {
+  CudaLaunch launch;
+  EXPECT_EQ(EmitOne(kt::BroadcastAddTransposed(48, 1024), /*vectorize=*/true, &launch), R"cu(// kiln_kernel_0: tiled, 2 outer dims, 0 reduction dims, 0 phases, vector width 1, 0 cached values per thread
+extern "C" __global__ void __launch_bounds__(256) kiln_kernel_0(const float* __restrict__ b0, const float* __restrict__ b1, float* __restrict__ b2) {
+  using idx_t = int32_t;
+  __shared__ float kiln_t0[64][33];
+  const int kiln_lane = threadIdx.x & 31;
+  const int kiln_row = threadIdx.x >> 5;
+  const idx_t kiln_units = 32;
+  for (idx_t kiln_u = blockIdx.x; kiln_u < kiln_units; kiln_u += gridDim.x) {
+    const idx_t kiln_x0 = kiln_u % 16 * 64;
+    const idx_t kiln_y0 = kiln_u / 16 % 2 * 32;
+#pragma unroll
+    for (int kiln_j = 0; kiln_j < 8; ++kiln_j) {
+      const int kiln_i = kiln_row + kiln_j * 8;
+      const idx_t o0 = kiln_y0 + kiln_lane;
+      const idx_t o1 = kiln_x0 + kiln_i;
+      if (o0 < 48) {
+        kiln_t0[kiln_i][kiln_lane] = b0[o0 + o1 * 48];
+      }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int kiln_j = 0; kiln_j < 8; ++kiln_j) {
+      const int kiln_i = kiln_row + kiln_j % 4 * 8;
+      const int kiln_xl = kiln_lane + kiln_j / 4 * 32;
+      const idx_t o0 = kiln_y0 + kiln_i;
+      const idx_t o1 = kiln_x0 + kiln_xl;
+      if (o0 < 48) {
+        const float v0 = kiln_t0[kiln_xl][kiln_i];
+        const float v1 = b1[o1];
+        const float v2 = v0 + v1;
+        b2[o0 * 1024 + o1] = v2;
+      }
+    }
+    __syncthreads();  // the tiles are refilled next step
+  }
+}
+)cu");
+  EXPECT_EQ(launch.layout, CudaLayout::kTiled);
+  EXPECT_EQ(launch.block, 256);
+  EXPECT_EQ(*CudaGridSize(launch, {}), 2 * 16);  // 32 x 64 tiles
+}
+
 TEST(CudaEmitterGolden, RowSoftmaxReadsTheRowOnceIntoRegisters) {
   EXPECT_EQ(EmitOne(kt::RowSoftmax(1024, false), /*vectorize=*/false), R"cu(// kiln_kernel_0: warp_per_row, 1 outer dims, 1 reduction dims, 2 phases, vector width 1, 32 cached values per thread
-extern "C" __global__ void __launch_bounds__(256) kiln_kernel_0(const float* __restrict__ b0, float* __restrict__ b1, int64_t n0) {
-  using idx_t = int64_t;
+template <typename idx_t>
+KILN_DEV void kiln_kernel_0_body(const float* __restrict__ b0, float* __restrict__ b1, int64_t n0) {
   const int kiln_lane = threadIdx.x & 31;
   for (idx_t kiln_u = static_cast<idx_t>(blockIdx.x) * 8 + (threadIdx.x >> 5); kiln_u < n0; kiln_u += static_cast<idx_t>(gridDim.x) * 8) {
     const idx_t o0 = kiln_u;
@@ -119,21 +166,35 @@ extern "C" __global__ void __launch_bounds__(256) kiln_kernel_0(const float* __r
       const idx_t r0 = kiln_r;
       kiln_c0[kiln_e] = b0[o0 * 1024 + r0];
       const float v0 = kiln_c0[kiln_e];
-      acc0.Update(v0);
+      acc0.max = kiln_cuda::max_nan(acc0.max, v0);
     }
-    acc0 = kiln_cuda::warp_allreduce(acc0, kiln_cuda::MergeOp());
+    acc0.max = kiln_cuda::warp_allreduce(acc0.max, kiln_cuda::MaxOp());
+    {
+#pragma unroll
+      for (int kiln_e = 0; kiln_e < 32; ++kiln_e) {
+        kiln_c0[kiln_e] = kiln_cuda::exp(kiln_c0[kiln_e] - acc0.max);
+        acc0.sum += kiln_c0[kiln_e];
+      }
+    }
+    acc0.sum = kiln_cuda::warp_allreduce(acc0.sum, kiln_cuda::SumOp());
+    if (acc0.max == -kiln_cuda::inf<float>()) acc0.sum = float(0);
     // phase 1
 #pragma unroll
     for (int kiln_e = 0; kiln_e < 32; ++kiln_e) {
       const idx_t kiln_rb = static_cast<idx_t>(kiln_e) * 32 + kiln_lane;
       const idx_t kiln_r = kiln_rb;
       const idx_t r0 = kiln_r;
-      const float v1 = kiln_c0[kiln_e];
-      const float v2 = v1 - acc0.max;
-      const float v3 = kiln_cuda::exp(v2);
-      const float v4 = v3 / acc0.sum;
-      b1[o0 * 1024 + r0] = v4;
+      const float v1 = kiln_c0[kiln_e] * (float(1) / acc0.sum);
+      b1[o0 * 1024 + r0] = v1;
     }
+  }
+}
+extern "C" __global__ void __launch_bounds__(256) kiln_kernel_0(const float* __restrict__ b0, float* __restrict__ b1, int64_t n0) {
+  if (1024.0 * static_cast<double>(n0) <= 2143289343.0) {
+    kiln_kernel_0_body<int32_t>(b0, b1, n0);
+  }
+  else {
+    kiln_kernel_0_body<int64_t>(b0, b1, n0);
   }
 }
 )cu");
@@ -141,8 +202,8 @@ extern "C" __global__ void __launch_bounds__(256) kiln_kernel_0(const float* __r
 
 TEST(CudaEmitterGolden, LayerNormUsesWelfordAndAWarpPerRow) {
   EXPECT_EQ(EmitOne(kt::LayerNorm(768, 1e-5f), /*vectorize=*/false), R"cu(// kiln_kernel_0: warp_per_row, 1 outer dims, 1 reduction dims, 2 phases, vector width 1, 24 cached values per thread
-extern "C" __global__ void __launch_bounds__(256) kiln_kernel_0(const float* __restrict__ b0, const float* __restrict__ b1, const float* __restrict__ b2, float* __restrict__ b3, float* __restrict__ b4, float* __restrict__ b5, int64_t n0) {
-  using idx_t = int64_t;
+template <typename idx_t>
+KILN_DEV void kiln_kernel_0_body(const float* __restrict__ b0, const float* __restrict__ b1, const float* __restrict__ b2, float* __restrict__ b3, float* __restrict__ b4, float* __restrict__ b5, int64_t n0) {
   const int kiln_lane = threadIdx.x & 31;
   for (idx_t kiln_u = static_cast<idx_t>(blockIdx.x) * 8 + (threadIdx.x >> 5); kiln_u < n0; kiln_u += static_cast<idx_t>(gridDim.x) * 8) {
     const idx_t o0 = kiln_u;
@@ -156,9 +217,19 @@ extern "C" __global__ void __launch_bounds__(256) kiln_kernel_0(const float* __r
       const idx_t r0 = kiln_r;
       kiln_c0[kiln_e] = b0[o0 * 768 + r0];
       const float v0 = kiln_c0[kiln_e];
-      acc0.Update(v0);
+      acc0.mean += v0;
     }
-    acc0 = kiln_cuda::warp_allreduce(acc0, kiln_cuda::MergeOp());
+    acc0.mean = kiln_cuda::warp_allreduce(acc0.mean, kiln_cuda::SumOp());
+    acc0.mean = acc0.mean / static_cast<float>(768);
+    {
+#pragma unroll
+      for (int kiln_e = 0; kiln_e < 24; ++kiln_e) {
+        const float kiln_d0 = kiln_c0[kiln_e] - acc0.mean;
+        acc0.m2 += kiln_d0 * kiln_d0;
+      }
+    }
+    acc0.m2 = kiln_cuda::warp_allreduce(acc0.m2, kiln_cuda::SumOp());
+    acc0.count = static_cast<float>(768);
     // phase 1
 #pragma unroll
     for (int kiln_e = 0; kiln_e < 24; ++kiln_e) {
@@ -167,7 +238,7 @@ extern "C" __global__ void __launch_bounds__(256) kiln_kernel_0(const float* __r
       const idx_t r0 = kiln_r;
       const float v1 = kiln_c0[kiln_e];
       const float v2 = v1 - acc0.mean;
-      const float v3 = acc0.m2 / acc0.count;
+      const float v3 = acc0.m2 * (float(1) / acc0.count);
       const float v4 = v3 + 0x1.4f8b58p-17f;
       const float v5 = float(1) / kiln_cuda::sqrt(v4);
       const float v6 = v2 * v5;
@@ -179,11 +250,19 @@ extern "C" __global__ void __launch_bounds__(256) kiln_kernel_0(const float* __r
     }
     if (kiln_lane == 0) {
       b4[o0] = acc0.mean;
-      const float v11 = acc0.m2 / acc0.count;
+      const float v11 = acc0.m2 * (float(1) / acc0.count);
       const float v12 = v11 + 0x1.4f8b58p-17f;
       const float v13 = float(1) / kiln_cuda::sqrt(v12);
       b5[o0] = v13;
     }
+  }
+}
+extern "C" __global__ void __launch_bounds__(256) kiln_kernel_0(const float* __restrict__ b0, const float* __restrict__ b1, const float* __restrict__ b2, float* __restrict__ b3, float* __restrict__ b4, float* __restrict__ b5, int64_t n0) {
+  if (768.0 * static_cast<double>(n0) <= 2143289343.0 && 1.0 * static_cast<double>(n0) <= 2143289343.0) {
+    kiln_kernel_0_body<int32_t>(b0, b1, b2, b3, b4, b5, n0);
+  }
+  else {
+    kiln_kernel_0_body<int64_t>(b0, b1, b2, b3, b4, b5, n0);
   }
 }
 )cu");
@@ -226,7 +305,15 @@ TEST(CudaEmitter, VectorizedSoftmaxLoadsOnceAndStoresVectors) {
   EXPECT_EQ(Count(src, "kiln_cuda::load_vec<4>(b0"), 1) << src;
   EXPECT_EQ(Count(src, "kiln_cuda::store_vec<4>(b1"), 1) << src;
   EXPECT_EQ(Count(src, "= b0["), 1) << src;  // the scalar path's one load
-  EXPECT_EQ(Count(src, "warp_allreduce"), 2);
+  // Two-pass online softmax over the registers: a max, then a sum, in both paths.
+  EXPECT_EQ(Count(src, "acc0.max = kiln_cuda::warp_allreduce(acc0.max, kiln_cuda::MaxOp());"), 2);
+  EXPECT_EQ(Count(src, "acc0.sum = kiln_cuda::warp_allreduce(acc0.sum, kiln_cuda::SumOp());"), 2);
+  EXPECT_EQ(Count(src, ".Update("), 0) << src;
+  // Pass B keeps exp(x - max) in the cache; phase 1 reads it instead of a second exp.
+  EXPECT_EQ(Count(src, "kiln_c0[kiln_e * 4 + 3] = kiln_cuda::exp(kiln_c0[kiln_e * 4 + 3] - acc0.max);"), 1) << src;
+  EXPECT_EQ(Count(src, "kiln_cuda::exp("), 5) << src;  // 4 vector lanes + the scalar path
+  // x * (1 / sum): the reciprocal is a common subexpression of the row, not a division per element.
+  EXPECT_EQ(Count(src, " / acc0.sum"), Count(src, " * (float(1) / acc0.sum)")) << src;
   EXPECT_TRUE(absl::StrContains(src, "const bool kiln_vec = kiln_cuda::aligned(b0, 16) && kiln_cuda::aligned(b1, 16);"));
   EXPECT_EQ(launch.layout, CudaLayout::kWarpPerRow);
   EXPECT_EQ(launch.block, 256);
@@ -234,7 +321,7 @@ TEST(CudaEmitter, VectorizedSoftmaxLoadsOnceAndStoresVectors) {
   EXPECT_EQ(launch.cached_values, 32);
   absl::StatusOr<int64_t> grid = CudaGridSize(launch, {65536});
   ASSERT_TRUE(grid.ok());
-  EXPECT_EQ(*grid, 132 * 8);  // one resident wave of 256-thread blocks on 132 SMs
+  EXPECT_EQ(*grid, 132 * 8 * 4);  // four waves of 256-thread blocks on 132 SMs (by threads)
   EXPECT_EQ(*CudaGridSize(launch, {20}), 3);
   EXPECT_EQ(*CudaGridSize(launch, {0}), 1);
   EXPECT_FALSE(CudaGridSize(launch, {}).ok());
@@ -244,13 +331,22 @@ TEST(CudaEmitter, LongRowsGetABlockEachAndTooLongRowsAreNotCached) {
   CudaLaunch launch;
   std::string src = EmitOne(kt::RowSoftmax(8192, true), true, &launch);
   EXPECT_EQ(launch.layout, CudaLayout::kBlockPerRow);
-  EXPECT_EQ(launch.block, 512);
-  EXPECT_EQ(launch.cached_values, 16);
-  EXPECT_TRUE(absl::StrContains(src, "block_allreduce(acc0, kiln_cuda::MergeOp(), kiln_smem)"));
+  EXPECT_EQ(launch.block, 256);  // the smallest block that caches <= 32 values per thread
+  EXPECT_EQ(launch.cached_values, 32);
+  EXPECT_TRUE(absl::StrContains(src, "block_allreduce<8>(acc0.max, kiln_cuda::MaxOp(), kiln_smem)"));
+  EXPECT_TRUE(absl::StrContains(src, "block_allreduce<8>(acc0.sum, kiln_cuda::SumOp(), kiln_smem)"));
   EXPECT_TRUE(absl::StrContains(src, "alignas(16) __shared__ unsigned char kiln_smem[256];"));
+  EmitOne(kt::RowSoftmax(32768, false), true, &launch);
+  EXPECT_EQ(launch.block, 1024);
+  EXPECT_EQ(launch.cached_values, 32);
+  EmitOne(kt::RowSoftmax(2048, false), true, &launch);
+  EXPECT_EQ(launch.block, 128);
+  EXPECT_EQ(launch.cached_values, 16);
   src = EmitOne(kt::RowSoftmax(1 << 20, false), true, &launch);
   EXPECT_EQ(launch.block, 1024);
   EXPECT_EQ(launch.cached_values, 0);
+  // Not cached: the online rule, one merge all-reduce.
+  EXPECT_TRUE(absl::StrContains(src, "block_allreduce<32>(acc0, kiln_cuda::MergeOp(), kiln_smem)"));
   EXPECT_EQ(Count(src, "kiln_cuda::load_vec<4>(b0"), 2) << "re-read in phase 1 when it cannot be cached";
 }
 
@@ -265,8 +361,19 @@ TEST(CudaEmitter, Bf16UsesEightWideVectorsAndBitConversions) {
   EXPECT_TRUE(absl::StrContains(src, "using idx_t = int32_t;"));
 }
 
-TEST(CudaEmitter, SixtyFourBitIndicesForDynamicOrHugeSizes) {
-  EXPECT_TRUE(absl::StrContains(EmitOne(kt::RowSoftmax(1024, false)), "using idx_t = int64_t;"));
+TEST(CudaEmitter, SixtyFourBitIndicesForHugeSizesAndAThirtyTwoBitInstanceForScalars) {
+  // Sizes over scalars: the body is instantiated for both index types, 32-bit when the scalars
+  // make every size (plus the slack) fit.
+  const std::string softmax = EmitOne(kt::RowSoftmax(1024, false));
+  EXPECT_FALSE(absl::StrContains(softmax, "using idx_t")) << softmax;
+  EXPECT_TRUE(absl::StrContains(softmax, "if (1024.0 * static_cast<double>(n0) <= 2143289343.0) {\n"
+                                         "    kiln_kernel_0_body<int32_t>(b0, b1, n0);"))
+      << softmax;
+  EXPECT_TRUE(absl::StrContains(softmax, "kiln_kernel_0_body<int64_t>(b0, b1, n0);"));
+  // Block per row: the static shared memory is the kernel's, passed to the body.
+  const std::string log_softmax = EmitOne(kt::RowSoftmax(8192, true));
+  EXPECT_TRUE(absl::StrContains(log_softmax, "kiln_kernel_0_body<int32_t>(b0, b1, n0, kiln_smem);"))
+      << log_softmax;
   EXPECT_TRUE(absl::StrContains(EmitOne(kt::Bf16Chain(int64_t{3} << 30)), "using idx_t = int64_t;"));
 }
 
@@ -279,8 +386,8 @@ TEST(CudaEmitter, ArchPicksTheSmCountOnlyAndTheSourceIsTheSame) {
   absl::StatusOr<CudaSource> s90 = EmitCudaSource({*k});
   ASSERT_TRUE(s80.ok() && s90.ok());
   EXPECT_EQ(s80->source, s90->source);
-  EXPECT_EQ(s80->launches[0].max_grid, 108 * 8);
-  EXPECT_EQ(s90->launches[0].max_grid, 132 * 8);
+  EXPECT_EQ(s80->launches[0].max_grid, 108 * 8 * 4);
+  EXPECT_EQ(s90->launches[0].max_grid, 132 * 8 * 4);
 }
 
 TEST(CudaEmitter, NothingFromTheGraphReachesTheSource) {

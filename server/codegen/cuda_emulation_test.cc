@@ -32,25 +32,94 @@ using namespace ::kiln::kernel;  // NOLINT: tests build IR
 namespace kt = ::kiln::kernel::testing;
 namespace ct = ::kiln::codegen::testing;
 
+// out[b, i, j] = bf16(a[b, j, i] * 2 + c[i]) for a dynamic batch: a batched transpose (a tiled
+// kernel with a decomposed batch dim, bf16 tiles widened to f32) plus a load broadcast along x.
+absl::StatusOr<Kernel> BatchedTransposeBf16(int64_t rows, int64_t cols) {
+  KernelBuilder kb("batched transpose");
+  const Size n = kb.AddScalar(), r = Size::Const(rows), c = Size::Const(cols);
+  const Buffer a = kb.AddBuffer(ScalarType::kBFloat16, Access::kRead, n * r * c);
+  const Buffer col = kb.AddBuffer(ScalarType::kFloat32, Access::kRead, r);
+  const Buffer out = kb.AddBuffer(ScalarType::kBFloat16, Access::kWrite, n * r * c);
+  const Var b = kb.AddOuter(n), i = kb.AddOuter(r), j = kb.AddOuter(c);
+  const ExprOr x = Load(a, MakeIndex(Size(), {{b, r * c}, {j, r}, {i, Size::Const(1)}}));
+  const ExprOr y = Load(col, MakeIndex(Size(), {{i, Size::Const(1)}}));
+  kb.Add(Store(out, ContiguousIndex({b, i, j}, {n, r, c}),
+               Cast(ScalarType::kBFloat16,
+                    Add(Mul(Cast(ScalarType::kFloat32, x), ConstFloat(ScalarType::kFloat32, 2.0f)), y))));
+  return kb.Finish();
+}
+
+// softmax(x) + x: phase 1 reads x outside exp(x - max) too, so the cache keeps x (no exp reuse).
+absl::StatusOr<Kernel> SoftmaxPlusInput(int64_t cols) {
+  KernelBuilder kb("softmax plus input");
+  const Size n = kb.AddScalar(), c = Size::Const(cols);
+  const Buffer in = kb.AddBuffer(ScalarType::kFloat32, Access::kRead, n * c);
+  const Buffer out = kb.AddBuffer(ScalarType::kFloat32, Access::kWrite, n * c);
+  const Var row = kb.AddOuter(n), col = kb.AddReduce(c);
+  const Accumulator sm = kb.AddAccumulator(AccKind::kOnlineSoftmax, ScalarType::kFloat32);
+  const Index idx = ContiguousIndex({row, col}, {n, c});
+  kb.BeginPhase();
+  kb.Add(Accumulate(sm, Load(in, idx)));
+  kb.BeginPhase();
+  const ExprOr e = Exp(Sub(Load(in, idx), AccRead(sm, AccField::kMax)));
+  kb.Add(Store(out, idx, Add(Div(e, AccRead(sm, AccField::kSum)), Load(in, idx))));
+  return kb.Finish();
+}
+
 struct Case {
   std::string name;
   absl::StatusOr<Kernel> kernel;
   std::vector<int64_t> scalars;
   bool misaligned = false;  // every buffer pointer one element past a 64-byte boundary
   int max_grid = 3;         // small grids exercise the grid-stride loops
+  int64_t special_row = 0;  // > 0: f32 inputs get an all -inf row, a NaN and -infs (rows of this length)
 };
+
+// One phase folding a Welford and an online softmax over values that are not loads (so the
+// two-pass reductions keep them in registers of their own), and the statistics out per row.
+absl::StatusOr<Kernel> RowStatistics(int64_t cols) {
+  KernelBuilder kb("row statistics");
+  const Size n = kb.AddScalar(), c = Size::Const(cols);
+  const Buffer x = kb.AddBuffer(ScalarType::kFloat32, Access::kRead, n * c);
+  const Var row = kb.AddOuter(n), col = kb.AddReduce(c);
+  const Accumulator wf = kb.AddAccumulator(AccKind::kWelford, ScalarType::kFloat32);
+  const Accumulator sm = kb.AddAccumulator(AccKind::kOnlineSoftmax, ScalarType::kFloat32);
+  const ExprOr v = Load(x, ContiguousIndex({row, col}, {n, c}));
+  kb.BeginPhase();
+  kb.Add(Accumulate(wf, Mul(v, ConstFloat(ScalarType::kFloat32, 2.0f))));
+  kb.Add(Accumulate(sm, Sub(v, ConstFloat(ScalarType::kFloat32, 1.0f))));
+  kb.BeginBody();
+  const Index ridx = MakeIndex(Size(), {{row, Size::Const(1)}});
+  for (const ExprOr& e : {AccRead(wf, AccField::kMean), AccRead(wf, AccField::kM2),
+                          AccRead(wf, AccField::kCount), AccRead(sm, AccField::kMax),
+                          AccRead(sm, AccField::kSum)}) {
+    kb.Add(Store(kb.AddBuffer(ScalarType::kFloat32, Access::kWrite, n), ridx, e));
+  }
+  return kb.Finish();
+}
 
 std::vector<Case> Cases() {
   std::vector<Case> c;
   c.push_back({"broadcast_add", kt::BroadcastAddTransposed(64, 128), {}});
   c.push_back({"broadcast_add_odd", kt::BroadcastAddTransposed(5, 37), {}});
   c.push_back({"broadcast_add_misaligned", kt::BroadcastAddTransposed(8, 64), {}, true});
+  c.push_back({"transpose_tiled_tails", kt::BroadcastAddTransposed(40, 70), {}});
+  c.push_back({"transpose_tiled_exact", kt::BroadcastAddTransposed(96, 64), {}, true});
+  c.push_back({"transpose_tiled_batched_bf16", BatchedTransposeBf16(33, 64), {3}});
   c.push_back({"softmax_1024", kt::RowSoftmax(1024, false), {37}});
   c.push_back({"softmax_1000_misaligned", kt::RowSoftmax(1000, false), {5}, true});
   c.push_back({"softmax_100", kt::RowSoftmax(100, false), {19}, false, 1});
   c.push_back({"log_softmax_8192", kt::RowSoftmax(8192, true), {3}});
   c.push_back({"layer_norm_768", kt::LayerNorm(768, 1e-5f), {9}});
   c.push_back({"layer_norm_4096", kt::LayerNorm(4096, 1e-5f), {2}});
+  c.push_back({"softmax_specials", kt::RowSoftmax(1000, false), {6}, false, 3, 1000});
+  c.push_back({"log_softmax_specials", kt::RowSoftmax(8192, true), {5}, false, 3, 8192});
+  c.push_back({"softmax_2048_block", kt::RowSoftmax(2048, false), {3}});
+  c.push_back({"softmax_32768_specials", kt::RowSoftmax(32768, false), {3}, false, 3, 32768});
+  c.push_back({"softmax_plus_input", SoftmaxPlusInput(512), {6}, false, 3, 512});
+  c.push_back({"row_statistics_300", RowStatistics(300), {7}});
+  c.push_back({"row_statistics_1024_misaligned", RowStatistics(1024), {4}, true});
+  c.push_back({"row_statistics_3000", RowStatistics(3000), {3}});
   c.push_back({"column_sum", kt::ColumnSum(100, 70), {}});
   c.push_back({"bf16_chain", kt::Bf16Chain(1001), {}});
   c.push_back({"bf16_chain_misaligned", kt::Bf16Chain(4096), {}, true});
@@ -215,6 +284,15 @@ TEST(CudaEmulation, GeneratedCudaKernelsMatchTheCpuKernels) {
       const int elem = ScalarTypeBytes(b.dtype);
       Storage s = Allocate(static_cast<size_t>(*n) * elem, c.misaligned, elem);
       Fill(s, b.dtype, b.access != Access::kWrite, rng);
+      if (c.special_row > 0 && b.access != Access::kWrite && b.dtype == ScalarType::kFloat32) {
+        // Row 0 all -inf (softmax: 0 / 0), a NaN in row 1, a few -inf in row 2.
+        float* p = static_cast<float*>(s.ptr());
+        const int64_t r = c.special_row;
+        for (int64_t j = 0; j < r; ++j) p[j] = -INFINITY;
+        p[r + r / 3] = NAN;
+        p[2 * r + 1] = -INFINITY;
+        p[2 * r + r - 1] = -INFINITY;
+      }
       Storage t = Allocate(s.size, c.misaligned, elem);
       std::memcpy(t.ptr(), s.ptr(), s.size);
       gpu_bufs.push_back(std::move(s));

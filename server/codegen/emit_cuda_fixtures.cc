@@ -74,6 +74,12 @@ std::vector<Fixture> Fixtures(bool small) {
                {{"float32", {rows, 1024}, "in"}, {"float32", {rows, 1024}, "out"}}});
   f.push_back({"log_softmax_8192", "log_softmax", "", kt::RowSoftmax(8192, true), {big_rows},
                {{"float32", {big_rows, 8192}, "in"}, {"float32", {big_rows, 8192}, "out"}}});
+  // Long rows, one block per row kept in registers (Inductor reads such rows twice).
+  const int64_t rows_16k = small ? 3 : 4096, rows_32k = small ? 2 : 2048;
+  f.push_back({"softmax_16384", "softmax", "", kt::RowSoftmax(16384, false), {rows_16k},
+               {{"float32", {rows_16k, 16384}, "in"}, {"float32", {rows_16k, 16384}, "out"}}});
+  f.push_back({"softmax_32768", "softmax", "", kt::RowSoftmax(32768, false), {rows_32k},
+               {{"float32", {rows_32k, 32768}, "in"}, {"float32", {rows_32k, 32768}, "out"}}});
   f.push_back({"layer_norm_1024", "layer_norm", "\"eps\": 1e-05", kt::LayerNorm(1024, 1e-5f),
                {rows},
                {{"float32", {rows, 1024}, "in"}, {"float32", {1024}, "in"}, {"float32", {1024}, "in"},
