@@ -165,15 +165,26 @@ def test_cuda_graph_mode(server):
     ref.load_state_dict(model.state_dict())
     compiled = torch.compile(model, backend="kiln", options={"server": server.address, "cuda_graphs": True})
     xs = [torch.randn(48, 64, device="cuda") for _ in range(5)]
+    trail = []  # (call, captures, replays) after each call, for the message below
+
+    def note(what):
+        st = kiln.stats()
+        trail.append((what, st.get("cuda_graph_captures", 0), st.get("cuda_graph_replays", 0)))
+
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
+        outs = []
         with torch.no_grad():
-            outs = [compiled(x) for x in xs]  # warm-up, capture, then replays
+            for i, x in enumerate(xs):  # warm-up, capture, then replays
+                outs.append(compiled(x))
+                note(f"inference {i}")
         for x, out in zip(xs, outs):  # earlier outputs were not overwritten by later replays
             torch.testing.assert_close(out, ref(x), **F32)
-        for x in xs[:3]:  # training: parameters are read in place, updates are seen
+        for i, x in enumerate(xs[:3]):  # training: parameters are read in place, updates are seen
             out = compiled(x)
+            note(f"forward {i}")
             out.pow(2).sum().backward()
+            note(f"backward {i}")
             want = ref(x)
             want.pow(2).sum().backward()
             torch.testing.assert_close(out, want, **F32)
@@ -187,8 +198,8 @@ def test_cuda_graph_mode(server):
     s = assert_compiled_on_cuda(expect_graphs=3)
     # inference: call 1 warms up, call 2 captures, calls 3-5 replay; forward and backward: the
     # same over three steps (warm-up, capture, replay).
-    assert s["cuda_graph_captures"] == 3, s
-    assert s["cuda_graph_replays"] == 4 + 2 + 2, s
+    assert s["cuda_graph_captures"] == 3, trail
+    assert s["cuda_graph_replays"] == 4 + 2 + 2, trail
 
 
 def test_cuda_graph_mode_with_new_input_buffers_each_call(server):
