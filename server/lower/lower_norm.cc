@@ -200,14 +200,32 @@ absl::Status LowerBatchNorm(Lowerer& l, int32_t node_index) {
         return affine(ctx, idx, k::Mul(k::Sub(LoadAs(x, ct)(ctx, idx), LoadAs(rm, ct)(ctx, chan(idx))), invstd));
       };
       std::vector<int32_t> items = {l.Add(std::move(v)), -1, -1};
-      for (int i : {1, 2}) {  // empty save_mean / save_invstd: values without elements
+      // save_mean / save_invstd: empty on CPU; on CUDA (torch's own rule) the running mean and
+      // 1 / sqrt(running_var + eps), per channel.
+      for (int i : {1, 2}) {
         if (n.type.items[i].kind != Type::Kind::kTensor) continue;
         KILN_ASSIGN_OR_RETURN(LValue e, l.NewValue(node_index, n.type.items[i].tensor, ValueKind::kPointwise));
-        if (e.numel() != 0) return absl::UnimplementedError("inference batch norm with statistics");
-        e.op = "empty";
-        e.cheap = true;
         const ScalarType et = e.dtype;
-        e.elem = [et](LoadContext&, const std::vector<Affine>&) { return k::Cast(et, k::ConstInt(ScalarType::kInt64, 0)); };
+        if (e.numel() == 0) {
+          e.op = "empty";
+          e.cheap = true;
+          e.elem = [et](LoadContext&, const std::vector<Affine>&) { return k::Cast(et, k::ConstInt(ScalarType::kInt64, 0)); };
+        } else if (e.sizes == std::vector<int64_t>{channels} && k::IsFloatType(et)) {
+          e.op = i == 1 ? "batch_norm_save_mean" : "batch_norm_save_invstd";
+          e.inputs = {i == 1 ? rm : rv};
+          if (i == 1) {
+            e.elem = [=](LoadContext& ctx, const std::vector<Affine>& idx) -> ExprOr {
+              return k::Cast(et, LoadAs(rm, ct)(ctx, chan(idx)));
+            };
+          } else {
+            e.elem = [=](LoadContext& ctx, const std::vector<Affine>& idx) -> ExprOr {
+              const ExprOr sd = k::Unary(k::UnaryOp::kSqrt, k::Add(LoadAs(rv, ct)(ctx, chan(idx)), LiteralF(ct, eps)));
+              return k::Cast(et, k::Div(LiteralF(ct, 1.0), sd));
+            };
+          }
+        } else {
+          return absl::UnimplementedError("inference batch norm statistics of an unexpected shape");
+        }
         items[i] = l.Add(std::move(e));
       }
       l.SetItems(node_index, items);

@@ -74,8 +74,8 @@ absl::Status WorkerFailure(const std::string& worker, const ProcessResult& r,
   }
   return absl::FailedPreconditionError(absl::StrCat(
       worker, " failed: ", output,
-      " (install NVRTC, e.g. `pip install nvidia-cuda-nvrtc`, or point --nvrtc_library at "
-      "libnvrtc.so)"));
+      " (install NVRTC, e.g. `pip install nvidia-cuda-nvrtc`, and point kilnd's --nvrtc or "
+      "KILN_NVRTC_PATH at its libnvrtc.so)"));
 }
 
 // The worker's whole environment. libnvrtc loads libnvrtc-builtins by soname, so NVRTC's own

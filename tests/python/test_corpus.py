@@ -335,6 +335,9 @@ block("gelu", F.gelu, r(4, 16))
 block("gelu-tanh", lambda x: F.gelu(x, approximate="tanh"), r(4, 16))
 block("silu-sigmoid-tanh", lambda x: F.silu(x) + x.sigmoid() * x.tanh(), r(4, 16))
 block("conv-bn-relu", conv_bn_relu, r(2, 3, 6, 6), r(4, 3, 3, 3), pos(4), r(4))
+# Inference batch norm inside a training graph: on CUDA its save_mean/save_invstd are per channel.
+block("bn-eval-relu", lambda x, rm, rv, w, b: F.relu(F.batch_norm(x, rm.detach(), rv.detach(), w, b, training=False)),
+      r(2, 4, 5, 5), r(4), pos(4), r(4), r(4))
 block("transformer", transformer_block, r(2, 4, 16), pos(16), r(16), r(16, 16), r(16, 16))
 block("cross-entropy-free", lambda x, t: -(x.log_softmax(-1) * t).sum(-1).mean(), r(4, 10), r(4, 10))
 block("var-mean", lambda x: (x - x.mean(-1, keepdim=True)) / (x.var(-1, keepdim=True) + 1e-5).sqrt(), r(4, 16))
