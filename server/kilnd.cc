@@ -113,9 +113,9 @@ ABSL_FLAG(std::string, nvrtc_worker, "",
           "The kiln_nvrtc_worker executable that runs each NVRTC compile in its own process. "
           "Empty: next to kilnd (as deploy/bundle.sh packs it), else Bazel's "
           "server/toolchain/kiln_nvrtc_worker beside bazel-bin/server/kilnd.");
-ABSL_FLAG(int32_t, cuda_parallel_compiles, 4,
+ABSL_FLAG(int32_t, cuda_parallel_compiles, 0,
           "NVRTC processes one CUDA graph may use at once (its kernels are split into that many "
-          "binaries when it has enough of them).");
+          "binaries when it has enough of them). 0: the machine's cores, at most 16.");
 ABSL_FLAG(int64_t, max_graph_nodes, 200000, "Largest graph accepted, in nodes.");
 ABSL_FLAG(int32_t, max_tensor_rank, 16, "Largest tensor rank accepted.");
 ABSL_FLAG(int64_t, max_constant_bytes, int64_t{256} << 20,
@@ -329,7 +329,7 @@ int Run(int argc, char** argv) {
   cuda_options.nvrtc.timeout = absl::GetFlag(FLAGS_compile_timeout);
   cuda_options.nvrtc.memory_limit_bytes = std::max<int64_t>(absl::GetFlag(FLAGS_compile_memory_limit_bytes),
                                                             int64_t{8} << 30);
-  cuda_options.parallel_compiles = std::max(1, absl::GetFlag(FLAGS_cuda_parallel_compiles));
+  cuda_options.parallel_compiles = std::max(0, absl::GetFlag(FLAGS_cuda_parallel_compiles));
   absl::StatusOr<std::map<std::string, std::string>> cuda_identity =
       compiler::CudaGraphCompiler::IdentityComponents(cuda_options);
   compiler::CudaGraphCompiler cuda_compiler(cuda_options);

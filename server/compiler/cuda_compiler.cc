@@ -1,12 +1,14 @@
 #include "server/compiler/cuda_compiler.h"
 
 #include <algorithm>
+#include <map>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "server/base/status_macros.h"
 #include "server/compiler/pipeline.h"
 #include "spdlog/spdlog.h"
@@ -19,7 +21,9 @@ namespace v1 = ::kiln::v1;
 // Consecutive kernel ranges [begin, end), one per NVRTC process.
 std::vector<std::pair<size_t, size_t>> Groups(size_t kernels, const CudaCompilerOptions& o) {
   const size_t per = static_cast<size_t>(std::max(1, o.kernels_per_compile));
-  size_t groups = std::min<size_t>(static_cast<size_t>(std::max(1, o.parallel_compiles)), (kernels + per - 1) / per);
+  const int parallel = o.parallel_compiles > 0 ? o.parallel_compiles
+                                               : static_cast<int>(std::min(16u, std::thread::hardware_concurrency()));
+  size_t groups = std::min<size_t>(static_cast<size_t>(std::max(1, parallel)), (kernels + per - 1) / per);
   groups = std::max<size_t>(groups, 1);
   std::vector<std::pair<size_t, size_t>> out;
   for (size_t g = 0; g < groups; ++g) out.push_back({kernels * g / groups, kernels * (g + 1) / groups});
@@ -54,17 +58,40 @@ absl::StatusOr<CompileResult> CudaGraphCompiler::Compile(const graph::PreparedGr
   std::vector<std::string> sources;
   if (!ir.empty()) {
     KILN_ASSIGN_OR_RETURN(codegen::CudaSource src, codegen::EmitCudaSource(ir, emit));
-    const auto groups = Groups(ir.size(), options_);
+    // Identical kernels (same text but for their names: repeated blocks of a model) compile once;
+    // their steps launch the first one's symbol.
+    std::vector<size_t> unique;            // kernel indices that get compiled
+    std::vector<size_t> same_as(ir.size());  // kernel -> the unique kernel it reuses
+    {
+      std::map<std::string, size_t> seen;
+      for (size_t i = 0; i < ir.size(); ++i) {
+        const std::string& sym = src.symbols[i];
+        const std::string text = absl::StrReplaceAll(src.kernel_sources[i], {{sym + "(", "@("}, {sym + ":", "@:"}});
+        auto [it, inserted] = seen.emplace(text, i);
+        if (inserted) unique.push_back(i);
+        same_as[i] = it->second;
+      }
+    }
+    const auto groups = Groups(unique.size(), options_);
+    std::vector<int32_t> binary_of(ir.size(), 0);
     for (size_t g = 0; g < groups.size(); ++g) {
       std::string text = src.prelude;
-      for (size_t i = groups[g].first; i < groups[g].second; ++i) {
-        absl::StrAppend(&text, "\n", src.kernel_sources[i]);
-        const codegen::CudaLaunch& launch = src.launches[i];
-        KILN_ASSIGN_OR_RETURN(int64_t grid, codegen::CudaGridSize(launch, {}));
-        bindings[i] = {static_cast<int32_t>(g), src.symbols[i], grid, launch.block, launch.shared_bytes};
+      for (size_t u = groups[g].first; u < groups[g].second; ++u) {
+        absl::StrAppend(&text, "\n", src.kernel_sources[unique[u]]);
+        binary_of[unique[u]] = static_cast<int32_t>(g);
       }
       result.sources.push_back({absl::StrCat("graph_", g, ".cu"), text});
       sources.push_back(std::move(text));
+    }
+    for (size_t i = 0; i < ir.size(); ++i) {
+      const size_t u = same_as[i];
+      const codegen::CudaLaunch& launch = src.launches[i];
+      KILN_ASSIGN_OR_RETURN(int64_t grid, codegen::CudaGridSize(launch, {}));
+      bindings[i] = {binary_of[u], src.symbols[u], grid, launch.block, launch.shared_bytes};
+    }
+    if (unique.size() < ir.size()) {
+      spdlog::debug("compiler: {} of {} CUDA kernels are copies of others and reuse them", ir.size() - unique.size(),
+                    ir.size());
     }
   }
   timer.Done("codegen");

@@ -8,7 +8,9 @@
 //                                            binary, symbol, grid, block
 //   compile      server/toolchain/nvrtc.h    NVRTC in worker processes -> KIND_CUBIN (KIND_PTX
 //                                            with CompileOptions.cuda_emit_ptx)
-// Kernels are split into up to `parallel_compiles` groups of consecutive kernels, each compiled
+// Kernels whose text is identical but for their names (repeated blocks) are compiled once and
+// launched under the first one's symbol. The rest are split into up to `parallel_compiles` groups
+// of consecutive kernels, each compiled
 // by its own NVRTC process at the same time into its own binary ("graph_<g>.cu"); a graph with
 // few kernels is one binary. GEMMs, convolutions and op fallbacks are AtenSteps that torch runs
 // on the client's CUDA device (cuBLAS/cuDNN through torch).
@@ -35,8 +37,8 @@ inline constexpr char kCudaCompilerVersion[] = "kiln-cuda-compiler/1";
 struct CudaCompilerOptions {
   toolchain::NvrtcOptions nvrtc;  // library, worker, time and memory limits per compile
   codegen::CudaEmitOptions emit;  // `arch` is overwritten per request with target.cuda_arch
-  int parallel_compiles = 4;      // NVRTC processes per graph (>= 1)
-  int kernels_per_compile = 4;    // a graph is split only into groups of at least this many
+  int parallel_compiles = 0;      // NVRTC processes per graph; 0: the machine's cores, at most 16
+  int kernels_per_compile = 2;    // a graph is split only into groups of at least this many
 };
 
 class CudaGraphCompiler : public GraphCompiler {

@@ -110,6 +110,32 @@ TEST(CudaCompilerTest, ManyKernelsCompileInParallelIntoSeveralBinaries) {
   EXPECT_EQ(r->sources[2].first, "graph_2.cu");
 }
 
+TEST(CudaCompilerTest, IdenticalKernelsCompileOnce) {
+  if (!HaveNvrtc()) GTEST_SKIP() << "NVRTC not found";
+  // An unrolled RNN repeats the same cell: its kernels are copies of each other.
+  std::ifstream in("server/graph/testdata/rnn_fwd.binpb", std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  v1::CompileRequest req;
+  ASSERT_TRUE(req.ParseFromString(ss.str()));
+  auto r = CompileFor(req, "sm_90");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(CheckLaunches(*r), "");
+  int steps = 0;
+  std::set<std::pair<int, std::string>> launched;
+  for (const auto& s : r->artifact.plan().steps()) {
+    if (!s.has_kernel()) continue;
+    ++steps;
+    launched.insert({s.kernel().binary(), s.kernel().symbol()});
+  }
+  int compiled = 0;
+  for (const auto& [name, text] : r->sources) {
+    for (size_t at = text.find("__launch_bounds__("); at != std::string::npos; at = text.find("__launch_bounds__(", at + 1)) ++compiled;
+  }
+  EXPECT_LT(static_cast<int>(launched.size()), steps);
+  EXPECT_EQ(compiled, static_cast<int>(launched.size()));
+}
+
 TEST(CudaCompilerTest, PtxOption) {
   if (!HaveNvrtc()) GTEST_SKIP() << "NVRTC not found";
   v1::CompileRequest req = graph::testing::Request(graph::testing::MlpForward());
