@@ -64,6 +64,7 @@ TEST(CudaHelpers, WelfordMergeOfInterleavedPartsMatchesSequential) {
   for (float& v : x) v = dist(rng);
   kiln_cpu::Welford<float> seq;
   for (float v : x) seq.Update(v);
+  seq.Flush();
   for (int parts : {1, 3, 32, 256}) {
     kiln_cuda::Welford<float> total;
     for (int p = 0; p < parts; ++p) {

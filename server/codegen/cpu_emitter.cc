@@ -221,7 +221,18 @@ void CpuKernelEmitter::EmitRowLoops() {
       default: w_.Linef("kiln_cpu::", AccName(a.kind), "<", t, "> acc", a.id, ";"); break;
     }
   }
-  for (size_t p = 0; p < k_.phases.size(); ++p) EmitPhase(p);
+  for (size_t p = 0; p < k_.phases.size(); ++p) {
+    EmitPhase(p);
+    // A Welford accumulator holds the whole row only once its pending blocks are folded in.
+    std::vector<int> welford;
+    for (const Stmt& s : k_.phases[p].stmts) {
+      if (s.kind == StmtKind::kAccumulate && s.acc.kind == AccKind::kWelford &&
+          std::find(welford.begin(), welford.end(), s.acc.id) == welford.end()) {
+        welford.push_back(s.acc.id);
+      }
+    }
+    for (int id : welford) w_.Linef("acc", id, ".Flush();");
+  }
   for (const Stmt& s : k_.body) EmitStmt(s);
   PopScope();
   w_.Close();

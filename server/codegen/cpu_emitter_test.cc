@@ -131,6 +131,7 @@ extern "C" __attribute__((visibility("default"))) void kiln_kernel_0(void* const
       }
       acc0_l.CombineInto(acc0);
     }
+    acc0.Flush();
     // phase 1
     for (idx_t r0 = 0; r0 < 768; ++r0) {
       const float v2 = b0[o0 * 768 + r0];
