@@ -19,7 +19,9 @@ See kiln.options for every option and environment variable.
 """
 
 import hashlib
+import itertools
 import logging
+import operator
 import os
 import platform
 import socket
@@ -37,6 +39,7 @@ from kiln import proto
 from kiln import server as server_mod
 from kiln import counters as stats_mod
 from kiln.errors import KilnError, KilnWarning
+from kiln.guards import GuardFailure, InputGuard
 from kiln.runtime import RuntimeUnavailable
 
 log = logging.getLogger("kiln")
@@ -222,6 +225,90 @@ class _Spec:
         self.guard, self.executor, self.key = guard, executor, key
 
 
+_TENSORS = itertools.repeat(torch.Tensor)  # isinstance's second argument, for map()
+_STRIDE = torch.Tensor.stride
+_META = operator.attrgetter("shape", "dtype", "is_cuda", "is_cpu")
+_MAX_ACCEPTED = 8
+
+
+class StaticGuard:
+    """kiln.guards.InputGuard with a fast path for graphs without symbols (every placeholder size,
+    stride and int a constant, each tensor on a CPU or CUDA device kind): per call, one pass in C
+    over the tensors' (sizes, dtype, device kind) and one over their strides, compared with the
+    expected lists. Anything else (a mismatch, an exception, a symbolic graph) goes to
+    InputGuard.bind, which decides and names the failure. Strides InputGuard accepts though they
+    differ from the graph's (size-1 dimensions) are remembered (up to 8 sets), so that such inputs
+    take the fast path from then on."""
+
+    def __init__(self, graph):
+        self.slow = InputGuard(graph)
+        self.fast = self._plan(graph)
+        self._accepted = set()
+
+    @staticmethod
+    def _plan(graph):
+        if graph.symbols:
+            return None
+        from kiln._tables import PB_TO_DTYPE
+
+        def constants(pbs):
+            if any(pb.WhichOneof("value") == "expr" for pb in pbs):
+                raise ValueError
+            return tuple(pb.constant for pb in pbs)
+
+        tensors, metas, strides, ints = [], [], [], []
+        nodes = [n for n in graph.nodes if n.op == proto.Node.OP_PLACEHOLDER]
+        try:
+            for i, node in enumerate(nodes):
+                kind = node.meta.WhichOneof("kind")
+                if kind == "tensor":
+                    m = node.meta.tensor
+                    if not m.HasField("device") or m.device.kind not in (proto.DEVICE_KIND_CPU,
+                                                                         proto.DEVICE_KIND_CUDA):
+                        return None
+                    cuda = m.device.kind == proto.DEVICE_KIND_CUDA
+                    sizes = constants(m.sizes)
+                    tensors.append(i)
+                    metas.append((torch.Size(sizes), PB_TO_DTYPE.get(m.dtype), cuda, not cuda))
+                    strides.append(constants(m.strides) if len(m.strides) == len(sizes) else None)
+                elif kind == "sym_int":
+                    if node.meta.sym_int.WhichOneof("value") == "expr":
+                        return None
+                    ints.append((i, node.meta.sym_int.constant))
+        except ValueError:
+            return None
+        if not tensors:
+            return None
+        get = operator.itemgetter(*tensors) if len(tensors) > 1 else (lambda args, i=tensors[0]: (args[i],))
+        return len(nodes), get, metas, strides, tuple(ints)
+
+    def bind(self, args):
+        """{symbol index: value} ({} here); raises kiln.guards.GuardFailure as InputGuard does."""
+        fast = self.fast
+        if fast is not None and len(args) == fast[0]:
+            try:
+                tensors = fast[1](args)
+                if (all(map(isinstance, tensors, _TENSORS))
+                        and list(map(_META, tensors)) == fast[2]
+                        and all(type(args[i]) is int and args[i] == c for i, c in fast[4])):
+                    strides = list(map(_STRIDE, tensors))
+                    if strides == fast[3]:
+                        return {}
+                    strides = tuple(strides)
+                    if strides in self._accepted:
+                        return {}
+                    symbols = self.slow.bind(args)
+                    if len(self._accepted) < _MAX_ACCEPTED:
+                        self._accepted.add(strides)
+                    return symbols
+            except GuardFailure:
+                raise
+            except Exception:
+                pass
+        return self.slow.bind(args)
+
+
+
 class CompiledGraph:
     """What AOTAutograd gets back for one graph: runs the plan whose guards match, else compiles
     a new specialization, else runs the graph eagerly. Boxed calling convention (a list of args)."""
@@ -396,7 +483,6 @@ class CompiledGraph:
 
     def _load(self, response, request, gm):
         from kiln.executor import PlanExecutor
-        from kiln.guards import InputGuard
 
         artifact = response.artifact
         check_artifact(artifact)
@@ -419,7 +505,7 @@ class CompiledGraph:
             from kiln.cuda_graphs import CudaGraphRunner
 
             executor = CudaGraphRunner(executor, name=self.name)
-        return _Spec(InputGuard(request.graph), executor, response.key)
+        return _Spec(StaticGuard(request.graph), executor, response.key)
 
     def _rpc_failed(self, code, details, address, gm, request):
         cause = code.name.lower() if hasattr(code, "name") else str(code)
@@ -514,8 +600,6 @@ class CompiledGraph:
 
     def _choose(self, args):
         """(the spec whose guards these inputs pass, the symbol values), or (None, None): eager."""
-        from kiln.guards import GuardFailure
-
         if self.eager_cause is not None and self.retry_at is not None and self.request is not None \
                 and time.monotonic() >= self.retry_at and not self.specs:
             self._retry()
@@ -562,7 +646,7 @@ class CompiledGraph:
         return self._eager(args)
 
     def _respecialize(self, args):
-        from kiln.guards import GuardFailure, signature
+        from kiln.guards import signature
 
         sig = signature(args)
         if sig in self._eager_signatures:

@@ -44,9 +44,21 @@ Contract (how this client reads a Plan; kilnd writes plans to match):
     graph's output metadata). This matches server/lower/plan_builder.h.
   * LibraryStep: not supported yet (NotImplementedError at load, so the graph runs eagerly).
 A plan that breaks these rules raises PlanError at load, or at run time when it depends on sizes.
+
+How a call runs (the per-call cost is the point): the first call on a device (for symbolic plans:
+with a binding of the symbols) builds a _Program, which resolves every size, stride, offset,
+storage decision, constant argument and op callable once and keeps the kernel launch tables
+(kiln.runtime StepTable / CudaLaunchTable, one per run of consecutive kernel steps). A call then
+runs a flat list of closures: per call it allocates the outputs and the workspace (torch's caching
+allocator), writes the kernels' data pointers into the tables, makes one runtime call per run of
+kernel steps (the CUDA stream is looked up once per call) and calls the aten ops with prebuilt
+argument lists.
 """
 
+import functools
+import itertools
 import logging
+import operator
 import threading
 
 import torch
@@ -140,6 +152,8 @@ class PlanExecutor:
         self._modules = {}
         self._cuda_modules_by_device = {}  # device index -> {binary index: kiln.runtime.CudaModule}
         self._cuda_lock = threading.Lock()
+        self._programs = {}  # device, or (device, symbol values) -> _Program
+        self._programs_lock = threading.Lock()
         if self.kernel_steps:
             if runtime_loader is None:
                 raise NotImplementedError("the plan has kernel steps and no runtime library is available")
@@ -311,20 +325,26 @@ class PlanExecutor:
     def __call__(self, inputs, symbols=None):
         """Runs the plan. inputs: the graph's inputs (tensors and ints) in placeholder order.
         symbols: {symbol index: value} (kiln.guards.InputGuard.bind). Returns the outputs as a list."""
-        symbols = symbols or {}
-        run = _Run(self, inputs, symbols)
-        with torch.no_grad():
-            for entry in self._steps:
-                if entry[0] == "aten":
-                    run.aten(*entry[1:])
-                elif entry[0] == "cuda":
-                    run.cuda_kernels(entry[1])
-                else:
-                    run.kernels(entry[1])
-            outputs = []
-            for i, o in enumerate(self.plan.outputs):
-                outputs.append(run.get(o) if o >= 0 else self._non_tensor_output(i, symbols))
-        return outputs
+        device = None
+        for t in inputs:
+            if isinstance(t, torch.Tensor):
+                device = t.device
+                break
+        key = (device, tuple(sorted(symbols.items()))) if symbols else device
+        program = self._programs.get(key)
+        if program is None:
+            program = self._program(key, device, symbols or {})
+        return program(inputs)
+
+    def _program(self, key, device, symbols):
+        """The _Program of (device, symbol values), built once (at most _MAX_PROGRAMS kept)."""
+        with self._programs_lock:
+            program = self._programs.get(key)
+            if program is None:
+                program = _Program(self, device, symbols)
+                if len(self._programs) < _MAX_PROGRAMS:
+                    self._programs[key] = program
+            return program
 
     def _non_tensor_output(self, i, symbols):
         if i >= len(self._output_metas):
@@ -369,183 +389,589 @@ def _device_guard(index):
 
 def _current_stream(device):
     """The CUstream (an int) torch enqueues work for `device` on."""
-    return torch.cuda.current_stream(device).cuda_stream
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        return raw(index)
+    return torch.cuda.current_stream(index).cuda_stream
 
 
-class _Run:
-    """The state of one call of a plan."""
+# -- the per-call program ---------------------------------------------------------------------
 
-    def __init__(self, ex, inputs, symbols):
-        self.ex = ex
-        self.inputs = inputs
-        self.symbols = symbols
-        self.env = [None] * len(ex.values)
-        self.device = None
-        for t in inputs:
-            if isinstance(t, torch.Tensor):
-                self.device = t.device
-                break
-        self.workspace = None
-        self.none_values = {}  # STEP values whose aten step returned None: value -> the step
+_MAX_PROGRAMS = 64  # programs kept per plan (one per device for static plans)
+_Tensor = torch.Tensor
+_data_ptr = torch.Tensor.data_ptr
+_IS_CUDA = operator.attrgetter("is_cuda")
+_TENSORS = itertools.repeat(torch.Tensor)  # isinstance's second argument, for map()
+_OpOverload = getattr(torch._ops, "OpOverload", None)
 
-    def size(self, pb):
-        return eval_symint(pb, self.symbols)
 
-    def meta_of(self, i):
+def _getter(indices):
+    """env -> the tuple (env[i] for i in indices)."""
+    if len(indices) == 1:
+        i = indices[0]
+        return lambda env: (env[i],)
+    return operator.itemgetter(*indices)
+
+
+def _raiser(make_error):
+    """An instruction that raises make_error() (a fresh exception per call)."""
+
+    def fail(env):
+        raise make_error()
+
+    return fail
+
+
+def _again(error):
+    """A factory of copies of `error` (raising one instance on every call would grow its traceback)."""
+    return lambda: type(error)(*error.args)
+
+
+def _plan_error(message):
+    return lambda: PlanError(message)
+
+
+def _callable_of(op):
+    """What calling an AtenStep's op amounts to: OpOverload.__call__ is `self._op(*args, **kwargs)`."""
+    if _OpOverload is not None and type(op) is _OpOverload and callable(getattr(op, "_op", None)):
+        return op._op
+    return op
+
+
+class _Program:
+    """One plan's run, specialized to a device and a binding of the graph's symbols (a static plan
+    has one program per device). Everything that does not depend on the call is resolved when it
+    is built (at the first call with that key): sizes, strides and offsets of every value as tuples,
+    storage decisions, the devices, the aten steps' argument lists with constants in place, the ops'
+    callables, the kernel launch tables. A call then runs `code`, a flat list of closures over
+    prebound indices, on `env`: the values' tensors (env[i] is value i), then per-call slots.
+
+    The plan's semantics are lazy (a value gets its tensor when it is first read, in the order the
+    steps read their arguments, so that e.g. the workspace is allocated only by its first use);
+    the builder simulates those reads once and places each value's materialization right before
+    the first instruction that reads it, which keeps the order of allocations and errors."""
+
+    def __init__(self, ex, device, symbols):
+        self.ex, self.device, self.symbols = ex, device, symbols
+        values = ex.values
+        n = len(values)
+        self.WS, self.TABLES, self.STREAM, self.NONES = n, n + 1, n + 2, n + 3
+        self.num_slots = n + 4  # + one per workspace dtype (the workspace viewed as that dtype)
+        self._ws_slots = {}
+        self._ws_device = None
+        self.metas = [self._meta(i) for i in range(n)]
+        self.code = []
+        self.ready = set()  # values that have their tensor at this point of `code`
+        self.maybe_none = set()  # STEP values of aten steps (None where the op returned None)
+        self.read_inputs = []  # INPUT values that are read: checked to be tensors per call
+        self.table_builders = []  # per kernel batch: a function that builds its launch table
+        # Inputs: values 0..num_inputs-1 are the inputs in order (plan_builder.h), else a map.
+        k = ex.num_inputs
+        input_values = [(i, v.index) for i, v in enumerate(values) if v.storage == _PV.STORAGE_INPUT]
+        self.num_inputs = k
+        self.input_map = None if input_values == [(i, i) for i in range(k)] else input_values
+        for entry in ex._steps:
+            if entry[0] == "aten":
+                self._emit_aten(*entry[1:])
+            elif entry[0] == "cuda":
+                self._emit_cuda(entry[1])
+            else:
+                self._emit_kernels(entry[1])
+        self._emit_outputs()
+        self.tail = [None] * (self.num_slots - k)
+        self.check_inputs = _getter(self.read_inputs) if self.read_inputs else None
+        self.pool = [self._new_tables()] if self.table_builders else None
+        self.code = tuple(self.code)
+
+    # -- per call ---------------------------------------------------------------------------------
+
+    def __call__(self, inputs):
+        if len(inputs) < self.num_inputs:
+            raise PlanError(f"the plan takes {self.num_inputs} inputs, got {len(inputs)}")
+        if self.input_map is None:
+            env = [*inputs[:self.num_inputs], *self.tail]
+        else:
+            env = [None] * self.num_slots
+            for i, j in self.input_map:
+                env[i] = inputs[j]
+        if self.check_inputs is not None and not all(map(isinstance, self.check_inputs(env), _TENSORS)):
+            for i in self.read_inputs:
+                if not isinstance(env[i], _Tensor):
+                    raise PlanError(f"value v{i}: graph input {self.ex.values[i].index} is not a tensor")
+        pool = self.pool
+        if pool is not None:
+            try:  # a call's own tables: a table is filled and run by one thread at a time
+                env[self.TABLES] = pool.pop()
+            except IndexError:
+                env[self.TABLES] = self._new_tables()
+        grad = torch.is_grad_enabled()
+        torch._C._set_grad_enabled(False)  # torch.no_grad(), without its Python frames
+        try:
+            for instruction in self.code:
+                instruction(env)
+            return self.finish(env)
+        finally:
+            torch._C._set_grad_enabled(grad)
+            if pool is not None:
+                pool.append(env[self.TABLES])
+
+    def _new_tables(self):
+        return [build() for build in self.table_builders]
+
+    # -- building -------------------------------------------------------------------------------
+
+    def _meta(self, i):
+        """(sizes, strides) of value i as tuples, or the exception evaluating them raised."""
         m = self.ex.values[i].meta
-        sizes = [self.size(s) for s in m.sizes]
-        strides = [self.size(s) for s in m.strides]
+        try:
+            sizes = tuple(eval_symint(s, self.symbols) for s in m.sizes)
+            strides = tuple(eval_symint(s, self.symbols) for s in m.strides)
+        except Exception as e:  # an unbound symbol: raised where the value is used, as before
+            return e
         if len(strides) != len(sizes):
-            strides = list(torch.empty(sizes, device="meta").stride()) if sizes else []
-        return sizes, strides, (self.size(m.storage_offset) if m.HasField("storage_offset") else 0)
+            strides = tuple(torch.empty(sizes, device="meta").stride()) if sizes else ()
+        return sizes, strides
 
-    def device_of(self, i):
+    def _device_of(self, i):
         m = self.ex.values[i].meta
         kind = PB_TO_DEVICE.get(m.device.kind, "cpu") if m.HasField("device") else None
+        device = self.device
         if kind in (None, "meta"):
-            return self.device or torch.device("cpu")
-        if self.device is not None and self.device.type == kind:
-            return self.device
+            return device or torch.device("cpu")
+        if device is not None and device.type == kind:
+            return device
         return torch.device(kind)
 
-    def get(self, i):
-        t = self.env[i]
-        if t is not None:
-            return t
-        v = self.ex.values[i]
-        dtype = self.ex._dtypes[i]
+    def _none_used(self, env, i):
+        raise PlanError(f"value v{i} is used, but {(env[self.NONES] or {}).get(i, 'its step')} returned None for it")
+
+    def _need(self, i, code=None):
+        """Emits (into `code`, default self.code) what gives value i its tensor, once."""
+        if i in self.ready:
+            return
+        code = self.code if code is None else code
+        ex = self.ex
+        v = ex.values[i]
         kind = v.storage
-        if kind == _PV.STORAGE_INPUT:
-            t = self.inputs[v.index]
-            if not isinstance(t, torch.Tensor):
-                raise PlanError(f"value v{i}: graph input {v.index} is not a tensor")
-        elif kind == _PV.STORAGE_OUTPUT:
-            sizes, strides, _ = self.meta_of(i)
-            t = torch.empty_strided(sizes, strides, dtype=dtype, device=self.device_of(i))
+        meta = self.metas[i]
+        if kind == _PV.STORAGE_INPUT:  # in env from the start; checked to be a tensor per call
+            self.read_inputs.append(i)
+            self.ready.add(i)
+            return
+        if kind == _PV.STORAGE_STEP:
+            code.append(_raiser(_plan_error(f"value v{i} is used before the step that produces it ran")))
+            self.ready.add(i)
+            return
+        if kind != _PV.STORAGE_CONSTANT and isinstance(meta, Exception):
+            if kind == _PV.STORAGE_VIEW:
+                self._need(v.index, code)
+            code.append(_raiser(_again(meta)))
+            self.ready.add(i)
+            return
+        dtype = ex._dtypes[i]
+        if kind == _PV.STORAGE_OUTPUT:
+            alloc = functools.partial(torch.empty_strided, meta[0], meta[1], dtype=dtype,
+                                      device=self._device_of(i))
+
+            def instruction(env):
+                env[i] = alloc()
         elif kind == _PV.STORAGE_WORKSPACE:
-            t = self._workspace_view(i, dtype)
+            instruction = self._workspace_view(i, dtype, meta)
         elif kind == _PV.STORAGE_VIEW:
-            base = self.get(v.index)
-            sizes, strides, _ = self.meta_of(i)
-            t = base.as_strided(sizes, strides, base.storage_offset() + v.offset)
+            base, offset = v.index, v.offset
+            self._need(base, code)
+            sizes, strides = meta
+            if base in self.maybe_none:
+                def instruction(env):
+                    b = env[base]
+                    if b is None:
+                        self._none_used(env, base)
+                    env[i] = b.as_strided(sizes, strides, b.storage_offset() + offset)
+            else:
+                def instruction(env):
+                    b = env[base]
+                    env[i] = b.as_strided(sizes, strides, b.storage_offset() + offset)
         elif kind == _PV.STORAGE_CONSTANT:
-            t = self.ex._constants[v.index]
-            device = self.device_of(i)
-            if t.device != device:
-                t = t.to(device)
-                self.ex._constants[v.index] = t  # move once
-        elif i in self.none_values:
-            raise PlanError(f"value v{i} is used, but {self.none_values[i]} returned None for it")
-        else:  # STEP
-            raise PlanError(f"value v{i} is used before the step that produces it ran")
-        self.env[i] = t
-        return t
+            constants, index, device = ex._constants, v.index, self._device_of(i)
 
-    def _workspace_view(self, i, dtype):
+            def instruction(env):
+                t = constants[index]
+                if t.device != device:
+                    t = t.to(device)
+                    constants[index] = t  # move once
+                env[i] = t
+        else:
+            raise PlanError(f"value v{i}: storage {kind} is not known to this client")
+        code.append(instruction)
+        self.ready.add(i)
+
+    def _workspace_view(self, i, dtype, meta):
         ws_bytes = self.ex.plan.workspace_bytes
-        if self.workspace is None:
-            self.workspace = torch.empty(ws_bytes, dtype=torch.uint8, device=self.device_of(i))
-        v = self.ex.values[i]
-        sizes, strides, _ = self.meta_of(i)  # storage offset 0 at `offset`: meta's is the graph's
+        sizes, strides = meta
         size = _itemsize(dtype)
+        offset = self.ex.values[i].offset
         extent = sum((s - 1) * st for s, st in zip(sizes, strides)) + 1 if all(sizes) else 0
-        if v.offset + extent * size > ws_bytes:
-            raise PlanError(f"value v{i}: {extent * size} bytes at workspace offset {v.offset} "
-                            f"overflow the {ws_bytes}-byte workspace")
-        t = torch.empty(0, dtype=dtype, device=self.workspace.device)
-        t.set_(self.workspace.untyped_storage(), v.offset // size, sizes, strides)
-        return t
+        if offset + extent * size > ws_bytes:
+            return _raiser(_plan_error(f"value v{i}: {extent * size} bytes at workspace offset {offset} "
+                                       f"overflow the {ws_bytes}-byte workspace"))
+        if self._ws_device is None:  # the workspace is allocated by its first use, on its device
+            self._ws_device = self._device_of(i)
+        ws_device, WS, element = self._ws_device, self.WS, offset // size
 
-    def arg(self, tree):
+        def workspace(env):
+            ws = env[WS]
+            if ws is None:
+                ws = env[WS] = torch.empty(ws_bytes, dtype=torch.uint8, device=ws_device)
+            return ws
+
+        if ws_bytes % size:  # cannot be viewed as `dtype` as a whole: a tensor on its storage
+            def instruction(env):
+                t = torch.empty(0, dtype=dtype, device=ws_device)
+                t.set_(workspace(env).untyped_storage(), element, sizes, strides)
+                env[i] = t
+
+            return instruction
+        slot = self._ws_slots.get(dtype)
+        if slot is None:
+            slot = self._ws_slots[dtype] = self.num_slots
+            self.num_slots += 1
+
+        def instruction(env):
+            base = env[slot]
+            if base is None:
+                base = env[slot] = workspace(env).view(dtype)
+            env[i] = base.as_strided(sizes, strides, element)
+
+        return instruction
+
+    def _arg(self, tree):
+        """A loader tree -> ("c", constant) | ("v", value index) | ("f", env -> argument)."""
         tag = tree[0]
         if tag == "c":
-            return tree[1]
+            return tree
         if tag == "v":
-            return self.get(tree[1])
+            self._need(tree[1])
+            return tree
         if tag == "sym":
-            return eval_expr(tree[1], self.symbols)
-        if tag == "list":
-            items = [self.arg(x) for x in tree[1]]
-            return tuple(items) if tree[2] else items
+            try:
+                return ("c", eval_expr(tree[1], self.symbols))
+            except Exception as e:
+                return ("f", _raiser(_again(e)))
         if tag == "device":
-            if self.device is not None and self.device.type == tree[1]:
-                return self.device
-            return torch.device(tree[1], tree[2]) if tree[2] >= 0 else torch.device(tree[1])
+            device = self.device
+            if device is not None and device.type == tree[1]:
+                return ("c", device)
+            return ("c", torch.device(tree[1], tree[2]) if tree[2] >= 0 else torch.device(tree[1]))
+        if tag == "list":
+            items = [self._arg(x) for x in tree[1]]
+            if all(item[0] == "c" for item in items):
+                out = [item[1] for item in items]
+                return ("c", tuple(out) if tree[2] else out)
+            return ("f", self._list_builder(items, tree[2]))
         raise PlanError(f"bad argument tree {tag}")
 
-    def aten(self, op, args, kwargs, outputs, where):
-        result = op(*[self.arg(a) for a in args], **{k: self.arg(a) for k, a in kwargs.items()})
-        if len(outputs) == 1 and not isinstance(result, (tuple, list)):
-            results = [result]
-        elif isinstance(result, (tuple, list)):
-            results = list(result)
-            if len(results) < len(outputs):
-                raise PlanError(f"{where}: returned {len(results)} values for {len(outputs)} outputs")
+    def _patches(self, items):
+        """(template with the constants, [(position, value)], [(position, env -> item)])."""
+        template = [item[1] if item[0] == "c" else None for item in items]
+        values = [(p, item[1]) for p, item in enumerate(items) if item[0] == "v"]
+        calls = [(p, item[1]) for p, item in enumerate(items) if item[0] == "f"]
+        return template, values, calls
+
+    def _list_builder(self, items, is_tuple):
+        template, values, calls = self._patches(items)
+        none_used = self._none_used
+
+        def build(env):
+            out = template.copy()
+            for p, i in values:
+                x = env[i]
+                if x is None:
+                    none_used(env, i)
+                out[p] = x
+            for p, f in calls:
+                out[p] = f(env)
+            return tuple(out) if is_tuple else out
+
+        return build
+
+    def _invoker(self, op, args, kwargs):
+        """env -> the op's result, with the arguments' constants prebound."""
+        call = _callable_of(op)
+        template, values, calls = self._patches([self._arg(a) for a in args])
+        kw_items = [(k, self._arg(a)) for k, a in kwargs.items()]
+        kw_const = {k: a[1] for k, a in kw_items if a[0] == "c"}
+        kw_dynamic = [(k, a) for k, a in kw_items if a[0] != "c"]
+        none_used = self._none_used
+        if calls or kw_dynamic:
+            def invoke(env):
+                a = template.copy()
+                for p, i in values:
+                    x = env[i]
+                    if x is None:
+                        none_used(env, i)
+                    a[p] = x
+                for p, f in calls:
+                    a[p] = f(env)
+                kw = dict(kw_const)
+                for k, (tag, x) in kw_dynamic:
+                    if tag == "f":
+                        kw[k] = x(env)
+                    elif env[x] is None:
+                        none_used(env, x)
+                    else:
+                        kw[k] = env[x]
+                return call(*a, **kw)
+        elif not values:
+            template = tuple(template)
+
+            def invoke(env):
+                return call(*template, **kw_const)
+        elif kw_const:
+            def invoke(env):
+                a = template.copy()
+                for p, i in values:
+                    x = env[i]
+                    if x is None:
+                        none_used(env, i)
+                    a[p] = x
+                return call(*a, **kw_const)
         else:
-            raise PlanError(f"{where}: returned one value for {len(outputs)} outputs")
-        for o, r in zip(outputs, results):
-            if o < 0:
-                continue
-            v = self.ex.values[o]
-            if r is None and v.storage == _PV.STORAGE_STEP:
+            def invoke(env):
+                a = template.copy()
+                for p, i in values:
+                    x = env[i]
+                    if x is None:
+                        none_used(env, i)
+                    a[p] = x
+                return call(*a)
+        return invoke
+
+    def _store(self, o, where):
+        """(env, item of the op's result) -> None: the result becomes value o, or is copied into it."""
+        ex = self.ex
+        if ex.values[o].storage != _PV.STORAGE_STEP:
+            post = []  # the destination gets its tensor after the op ran, as before
+            self._need(o, post)
+            post = tuple(post)
+
+            def store(env, r):
+                if not isinstance(r, _Tensor):
+                    raise PlanError(f"{where}: output v{o} is a {type(r).__name__}, not a tensor")
+                for instruction in post:
+                    instruction(env)
+                env[o].copy_(r)
+
+            return store
+        NONES, meta, dtype = self.NONES, self.metas[o], ex._dtypes[o]
+        fix = o in ex._kernel_consumers
+        if isinstance(meta, Exception):
+            sizes = strides = None
+        else:
+            sizes, strides = meta
+
+        def store(env, r):
+            if r is None:
                 # Some ops return None for tuple items they did not compute (e.g. the debug mask of
                 # _scaled_dot_product_cudnn_attention), though the capture's metadata said tensor.
                 # Fine unless a later step or the graph's outputs read that value.
-                self.none_values[o] = where
-                continue
-            if not isinstance(r, torch.Tensor):
+                nones = env[NONES]
+                if nones is None:
+                    nones = env[NONES] = {}
+                nones[o] = where
+                return
+            if not isinstance(r, _Tensor):
                 raise PlanError(f"{where}: output v{o} is a {type(r).__name__}, not a tensor")
-            if v.storage == _PV.STORAGE_STEP:
-                sizes, strides, _ = self.meta_of(o)
-                if list(r.shape) != sizes or r.dtype != self.ex._dtypes[o]:
-                    raise PlanError(f"{where}: output v{o} is {r.dtype}{list(r.shape)}, the plan "
-                                    f"says {self.ex._dtypes[o]}{sizes}")
-                if o in self.ex._kernel_consumers and list(r.stride()) != strides and r.numel() > 1:
-                    fixed = torch.empty_strided(sizes, strides, dtype=r.dtype, device=r.device)
-                    fixed.copy_(r)
-                    r = fixed
-                self.env[o] = r
-            else:
-                self.get(o).copy_(r)
+            if sizes is None:
+                raise _again(meta)()
+            if r.shape != sizes or r.dtype is not dtype:
+                raise PlanError(f"{where}: output v{o} is {r.dtype}{list(r.shape)}, the plan "
+                                f"says {dtype}{list(sizes)}")
+            if fix and r.stride() != strides and r.numel() > 1:
+                fixed = torch.empty_strided(sizes, strides, dtype=r.dtype, device=r.device)
+                fixed.copy_(r)
+                r = fixed
+            env[o] = r
 
-    def kernels(self, batch):
-        runtime = self.ex._runtime
-        calls = []
-        for module, kernel, args, scalars in batch:
-            buffers = [self.get(a).data_ptr() for a in args]
-            values = []
-            for s in scalars:
-                if s not in self.symbols:
-                    raise PlanError(f"kernel scalar argument: symbol {s} has no value")
-                values.append(self.symbols[s])
-            calls.append((module, kernel, buffers, values))
-        runtime.run(calls)
+        return store
 
-    def cuda_kernels(self, batch):
+    def _emit_aten(self, op, args, kwargs, outputs, where):
+        invoke = self._invoker(op, args, kwargs)
+        stores = [(k, self._store(o, where)) for k, o in enumerate(outputs) if o >= 0]
+        for o in outputs:
+            if o >= 0 and self.ex.values[o].storage == _PV.STORAGE_STEP:
+                self.ready.add(o)
+                self.maybe_none.add(o)
+        count = len(outputs)
+        if count == 1:
+            store = stores[0][1] if stores else None
+
+            def instruction(env):
+                r = invoke(env)
+                if isinstance(r, (tuple, list)):
+                    if not r:
+                        raise PlanError(f"{where}: returned 0 values for 1 outputs")
+                    r = r[0]
+                if store is not None:
+                    store(env, r)
+        else:
+            def instruction(env):
+                r = invoke(env)
+                if not isinstance(r, (tuple, list)):
+                    raise PlanError(f"{where}: returned one value for {count} outputs")
+                if len(r) < count:
+                    raise PlanError(f"{where}: returned {len(r)} values for {count} outputs")
+                for k, store in stores:
+                    store(env, r[k])
+        self.code.append(instruction)
+
+    def _scalars(self, scalars):
+        out = []
+        for s in scalars:
+            if s not in self.symbols:
+                return None, _raiser(_plan_error(f"kernel scalar argument: symbol {s} has no value"))
+            out.append(self.symbols[s])
+        return out, None
+
+    def _pointer_filler(self, args):
+        """(env -> the tensors of `args`, (env, error) -> raises: a PlanError when one of them is a
+        STEP value its aten step returned None for, else `error`)."""
+        get = _getter(args)
+        none_used, NONES = self._none_used, self.NONES
+
+        def explain(env, error):
+            for a in args:
+                if env[a] is None and a in (env[NONES] or {}):
+                    none_used(env, a)
+            raise error
+
+        return get, explain
+
+    def _emit_kernels(self, batch):
+        entries, args = [], []
+        for module, kernel, step_args, scalars in batch:
+            for a in step_args:
+                self._need(a)
+            values, fail = self._scalars(scalars)
+            if fail is not None:
+                self.code.append(fail)
+                return
+            args.extend(step_args)
+            entries.append((module, kernel, len(step_args), values))
+        runtime, b, TABLES = self.ex._runtime, len(self.table_builders), self.TABLES
+        self.table_builders.append(lambda: runtime.step_table(entries))
+        if not args:
+            def instruction(env):
+                env[TABLES][b].run()
+
+            self.code.append(instruction)
+            return
+        get, explain = self._pointer_filler(args)
+        count = len(args)
+
+        def instruction(env):
+            table = env[TABLES][b]
+            try:
+                table.buffers[:count] = list(map(_data_ptr, get(env)))
+            except TypeError as e:  # a None (or a non-tensor) among them
+                explain(env, e)
+            table.run()
+
+        self.code.append(instruction)
+
+    def _emit_cuda(self, batch):
         device = self.device
         if device is None or device.type != "cuda":
-            raise PlanError(f"a plan compiled for CUDA runs on {device or 'no'} tensors")
-        launches = self.cuda_launches(batch, self.ex.cuda_modules(device))
-        self.ex._runtime.cuda_run(launches, _current_stream(device))
-
-    def cuda_launches(self, batch, modules):
-        """The launch table of consecutive CUDA kernel steps: [(module, kernel index, grid_x,
-        block_x, shared_bytes, [buffer pointers], [scalars])] (kiln.runtime.Runtime.cuda_run)."""
-        launches = []
+            self.code.append(_raiser(_plan_error(f"a plan compiled for CUDA runs on {device or 'no'} tensors")))
+            return
+        modules = self.ex.cuda_modules(device)
+        entries, args, check = [], [], []
         for spec in batch:
             module = modules[spec.binary]
-            buffers = []
+            values, fail = self._scalars(spec.scalars)
             for a in spec.args:
-                t = self.get(a)
-                if t.device.type != "cuda" and self.device is not None and self.device.type == "cuda":
-                    raise PlanError(f"kernel {spec.symbol}: argument v{a} is on {t.device}, not on "
-                                    f"{self.device}")
-                buffers.append(t.data_ptr())
-            values = []
-            for s in spec.scalars:
-                if s not in self.symbols:
-                    raise PlanError(f"kernel scalar argument: symbol {s} has no value")
-                values.append(self.symbols[s])
-            launches.append((module, module.add_kernel(spec.symbol), spec.grid_x, spec.block_x,
-                             spec.shared_bytes, buffers, values))
-        return launches
+                self._need(a)
+                if a not in check and not self._on_device(a):
+                    check.append(a)
+            if fail is not None:
+                self.code.append(fail)
+                return
+            args.extend(spec.args)
+            entries.append((module, module.add_kernel(spec.symbol), spec.grid_x, spec.block_x,
+                            spec.shared_bytes, len(spec.args), values))
+        runtime, b, TABLES, STREAM = self.ex._runtime, len(self.table_builders), self.TABLES, self.STREAM
+        self.table_builders.append(lambda: runtime.cuda_launch_table(entries))
+        get, explain = self._pointer_filler(args) if args else (None, None)
+        count = len(args)
+        symbols = {}
+        for spec in batch:
+            for a in spec.args:
+                symbols.setdefault(a, spec.symbol)
+        on_cuda = _getter(check) if check else None
+
+        def off_device(env):
+            for a in check:
+                t = env[a]
+                if not _IS_CUDA(t):
+                    raise PlanError(f"kernel {symbols[a]}: argument v{a} is on {t.device}, not on {device}")
+
+        def instruction(env):
+            table = env[TABLES][b]
+            if count:
+                try:
+                    table.buffers[:count] = list(map(_data_ptr, get(env)))
+                except TypeError as e:
+                    explain(env, e)
+                if on_cuda is not None and not all(map(_IS_CUDA, on_cuda(env))):
+                    off_device(env)
+            stream = env[STREAM]
+            if stream is None:
+                stream = env[STREAM] = _current_stream(device)
+            table.run(stream)
+
+        self.code.append(instruction)
+
+    def _on_device(self, i):
+        """Whether value i is known to live on the program's device: allocated here (OUTPUT,
+        WORKSPACE, CONSTANT, or a view of one) on it. INPUT and STEP values are checked per call."""
+        root = self.ex._root[i]
+        kind = self.ex.values[root].storage
+        if kind in (_PV.STORAGE_INPUT, _PV.STORAGE_STEP):
+            return False
+        return self._device_of(root) == self.device and (root == i or self._device_of(i) == self.device)
+
+    def _emit_outputs(self):
+        ex = self.ex
+        template, positions = [], []
+        for k, o in enumerate(ex.plan.outputs):
+            if o >= 0:
+                self._need(o)
+                template.append(None)
+                positions.append((k, o))
+                continue
+            try:
+                template.append(ex._non_tensor_output(k, self.symbols))
+            except Exception as e:
+                self.code.append(_raiser(_again(e)))
+                template.append(None)
+        checks = tuple(o for _, o in positions if o in self.maybe_none)
+        none_used = self._none_used
+        if len(positions) == len(template) and positions:
+            get = _getter([o for _, o in positions])
+
+            def finish(env):
+                for o in checks:
+                    if env[o] is None:
+                        none_used(env, o)
+                return list(get(env))
+        else:
+            def finish(env):
+                for o in checks:
+                    if env[o] is None:
+                        none_used(env, o)
+                out = template.copy()
+                for k, o in positions:
+                    out[k] = env[o]
+                return out
+
+        self.finish = finish

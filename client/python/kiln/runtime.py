@@ -15,6 +15,14 @@ the primary context of `device`), ``Runtime.cuda_run(launches, stream)``. The dr
 opened by the library at first use; without it (or without a device) these raise
 RuntimeUnavailable with the runtime's message; any other failing call raises RuntimeCallError with
 the runtime's message (it names the driver call and the CUresult).
+
+Launch tables (what kiln.executor uses every call): ``Runtime.step_table(entries)`` (CPU,
+kiln_step) and ``Runtime.cuda_launch_table(entries)`` (CUDA, kiln_cuda_launch) build the ctypes
+tables of a run of consecutive kernel steps once; `table.buffers` is one flat array of every
+step's buffer pointers in order, which the caller fills per call (slice assignment of ints), and
+`table.run()` / `table.run(stream)` makes one runtime call per run of consecutive steps of one
+module. A table must not be filled or run by two threads at once; the runtime reads it only during
+the call (kiln_cuda_run_launches copies the kernel parameters at launch).
 """
 
 import ctypes
@@ -148,6 +156,105 @@ class CudaModule:
                 pass
 
 
+def _void_p_at(array, index):
+    """A `void* const*` into a c_void_p array at `index` (the array must outlive it)."""
+    return ctypes.cast(ctypes.addressof(array) + index * ctypes.sizeof(ctypes.c_void_p),
+                       ctypes.POINTER(ctypes.c_void_p))
+
+
+def _int64_at(array, index):
+    return ctypes.cast(ctypes.addressof(array) + index * ctypes.sizeof(ctypes.c_int64),
+                       ctypes.POINTER(ctypes.c_int64))
+
+
+def _module_runs(modules):
+    """[(start, count)] of the runs of consecutive entries with the same module."""
+    runs, i = [], 0
+    while i < len(modules):
+        j = i
+        while j < len(modules) and modules[j] is modules[i]:
+            j += 1
+        runs.append((i, j - i))
+        i = j
+    return runs
+
+
+class _Table:
+    """Shared by StepTable and CudaLaunchTable: the flat buffer and scalar arrays."""
+
+    def __init__(self, num_buffers, scalars):
+        total = sum(num_buffers)
+        self.size = total
+        self.buffers = (ctypes.c_void_p * max(total, 1))()
+        flat = [int(x) for group in scalars for x in group]
+        self._scalars = (ctypes.c_int64 * max(len(flat), 1))(*flat)
+        self._buffer_at, self._scalar_at = [], []
+        b = c = 0
+        for nb, sc in zip(num_buffers, scalars):
+            self._buffer_at.append(_void_p_at(self.buffers, b))
+            self._scalar_at.append(_int64_at(self._scalars, c))
+            b += nb
+            c += len(sc)
+
+
+class StepTable(_Table):
+    """kiln_step tables of consecutive CPU kernel steps: entries [(module, kernel index,
+    number of buffers, [int64 scalars])]."""
+
+    def __init__(self, runtime, entries):
+        entries = list(entries)
+        super().__init__([e[2] for e in entries], [list(e[3]) for e in entries])
+        self._rt = runtime
+        self._modules = [e[0] for e in entries]  # keeps them loaded while the table lives
+        self._steps = (_Step * max(len(entries), 1))()
+        for k, (step, (_, kernel, _, _)) in enumerate(zip(self._steps, entries)):
+            step.kernel, step.reserved = kernel, 0
+            step.buffers, step.scalars = self._buffer_at[k], self._scalar_at[k]
+        fn = runtime.lib.kiln_run_steps
+        size = ctypes.sizeof(_Step)
+        self._calls = tuple(
+            (fn, self._modules[start]._handle,
+             ctypes.cast(ctypes.addressof(self._steps) + start * size, ctypes.POINTER(_Step)), count)
+            for start, count in _module_runs(self._modules))
+
+    def run(self):
+        for fn, handle, steps, count in self._calls:
+            code = fn(handle, steps, count)
+            if code:
+                self._rt._check(code, "running kernels")
+
+
+class CudaLaunchTable(_Table):
+    """kiln_cuda_launch tables of consecutive CUDA kernel steps: entries [(module, kernel index,
+    grid_x, block_x, shared_bytes, number of buffers, [int64 scalars])]."""
+
+    def __init__(self, runtime, entries):
+        entries = list(entries)
+        super().__init__([e[5] for e in entries], [list(e[6]) for e in entries])
+        runtime._bind_cuda()
+        self._rt = runtime
+        self._modules = [e[0] for e in entries]
+        self._launches = (_CudaLaunch * max(len(entries), 1))()
+        for k, (entry, (_, kernel, grid, block, shared, nb, sc)) in enumerate(zip(self._launches, entries)):
+            entry.kernel, entry.grid_x, entry.block_x, entry.shared_bytes = kernel, grid, block, shared
+            entry.num_buffers, entry.num_scalars = nb, len(sc)
+            entry.buffers, entry.scalars = self._buffer_at[k], self._scalar_at[k]
+        fn = runtime.lib.kiln_cuda_run_launches
+        size = ctypes.sizeof(_CudaLaunch)
+        self._calls = tuple(
+            (fn, self._modules[start]._handle,
+             ctypes.cast(ctypes.addressof(self._launches) + start * size, ctypes.POINTER(_CudaLaunch)), count)
+            for start, count in _module_runs(self._modules))
+
+    def run(self, stream):
+        """stream: a CUstream as an int (0 or None: the legacy default stream); no synchronize."""
+        stream = stream or None
+        for fn, handle, launches, count in self._calls:
+            code = fn(handle, launches, count, stream)
+            if code:
+                self._rt._cuda_check(code, "launching kernels")
+
+
 class Runtime:
     def __init__(self, path):
         try:
@@ -210,32 +317,19 @@ class Runtime:
                          f"loading a CUDA binary on device {device}")
         return CudaModule(self, handle, device)
 
+    def cuda_launch_table(self, entries):
+        """A CudaLaunchTable (see the module docstring); entries: [(module, kernel index, grid_x,
+        block_x, shared_bytes, number of buffers, [int64 scalars])]."""
+        return CudaLaunchTable(self, entries)
+
     def cuda_run(self, launches, stream):
         """launches: [(module, kernel index, grid_x, block_x, shared_bytes, [buffer pointers],
         [int64 scalars])]; stream: a CUstream as an int (0: the legacy default stream).
         Consecutive launches of one module go to kiln_cuda_run_launches together; returns without
-        synchronizing."""
-        self._bind_cuda()
-        i = 0
-        while i < len(launches):
-            j = i
-            while j < len(launches) and launches[j][0] is launches[i][0]:
-                j += 1
-            group = launches[i:j]
-            table = (_CudaLaunch * len(group))()
-            keep = []
-            for entry, (_, kernel, grid, block, shared, buffers, scalars) in zip(table, group):
-                b = (ctypes.c_void_p * max(len(buffers), 1))(*buffers)
-                c = (ctypes.c_int64 * max(len(scalars), 1))(*scalars)
-                keep.append((b, c))
-                entry.kernel, entry.grid_x, entry.block_x, entry.shared_bytes = kernel, grid, block, shared
-                entry.num_buffers, entry.num_scalars = len(buffers), len(scalars)
-                entry.buffers = ctypes.cast(b, ctypes.POINTER(ctypes.c_void_p))
-                entry.scalars = ctypes.cast(c, ctypes.POINTER(ctypes.c_int64))
-            self._cuda_check(self.lib.kiln_cuda_run_launches(group[0][0]._handle, table, len(group),
-                                                             ctypes.c_void_p(stream or None)),
-                             "launching kernels")
-            i = j
+        synchronizing. (One-off: builds a table; the executor keeps its tables.)"""
+        table = self.cuda_launch_table([(m, k, g, b, sh, len(bufs), sc) for m, k, g, b, sh, bufs, sc in launches])
+        table.buffers[:table.size] = [p for launch in launches for p in launch[5]]
+        table.run(stream)
 
     def cuda_synchronize(self, stream):
         self._bind_cuda()
@@ -255,26 +349,17 @@ class Runtime:
         self._check(self.lib.kiln_module_load(buf, len(data), ctypes.byref(handle)), "loading a binary")
         return Module(self, handle)
 
+    def step_table(self, entries):
+        """A StepTable (see the module docstring); entries: [(module, kernel index, number of
+        buffers, [int64 scalars])]."""
+        return StepTable(self, entries)
+
     def run(self, calls):
         """calls: [(module, kernel index, [buffer pointers], [int64 scalars])]; consecutive calls
-        of one module go to kiln_run_steps together."""
-        i = 0
-        while i < len(calls):
-            j = i
-            while j < len(calls) and calls[j][0] is calls[i][0]:
-                j += 1
-            group = calls[i:j]
-            steps = (_Step * len(group))()
-            keep = []
-            for s, (_, kernel, buffers, scalars) in zip(steps, group):
-                b = (ctypes.c_void_p * max(len(buffers), 1))(*buffers)
-                c = (ctypes.c_int64 * max(len(scalars), 1))(*scalars)
-                keep.append((b, c))
-                s.kernel, s.reserved = kernel, 0
-                s.buffers = ctypes.cast(b, ctypes.POINTER(ctypes.c_void_p))
-                s.scalars = ctypes.cast(c, ctypes.POINTER(ctypes.c_int64))
-            self._check(self.lib.kiln_run_steps(group[0][0]._handle, steps, len(group)), "running kernels")
-            i = j
+        of one module go to kiln_run_steps together. (One-off: builds a table.)"""
+        table = self.step_table([(m, k, len(bufs), sc) for m, k, bufs, sc in calls])
+        table.buffers[:table.size] = [p for call in calls for p in call[2]]
+        table.run()
 
 
 _LOCK = threading.Lock()

@@ -90,6 +90,37 @@ def test_static_guard():
     assert signature([torch.randn(4, 8)]) != signature([torch.randn(8, 4).t()])
 
 
+def test_static_guard_fast_path_agrees_with_input_guard():
+    from kiln.backend import StaticGuard
+
+    g = StaticGuard(static_graph())
+    assert g.fast is not None
+    assert g.bind([torch.randn(4, 8), torch.randn(8, 3)]) == {}
+    assert g.bind([torch.randn(4, 8), torch.nn.Parameter(torch.randn(8, 3))]) == {}
+    for args, message in [([torch.randn(5, 8), torch.randn(8, 3)], "size\\(0\\) is 5"),
+                          ([torch.randn(8, 4).t(), torch.randn(8, 3)], "stride"),
+                          ([torch.randn(4, 8, dtype=torch.float64), torch.randn(8, 3)], "dtype"),
+                          ([torch.randn(4, 8)], "takes 2 inputs"),
+                          ([torch.randn(4, 8), 3], "not a tensor"),
+                          ([torch.randn(4, 8, device="meta"), torch.randn(8, 3)], "is on meta")]:
+        with pytest.raises(GuardFailure, match=message):
+            g.bind(args)
+    # The stride of a size-1 dimension is not guarded: such inputs pass, and then take the fast path.
+    one = make_fx_graph(lambda x: x * 2, torch.randn(1, 8))
+    g = StaticGuard(one)
+    odd = torch.randn(8, 1).t()  # size (1, 8), strides (1, 1)
+    assert odd.stride() != (8, 1) and g.bind([odd]) == {} and len(g._accepted) == 1
+    assert g.bind([torch.randn(8, 1).t()]) == {} and len(g._accepted) == 1
+    with pytest.raises(GuardFailure, match="stride"):
+        g.bind([torch.randn(8, 2)[:, :1].t()])  # strides (1, 2)
+
+
+def make_fx_graph(fn, *args):
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    return serialize_graph(make_fx(fn)(*args))
+
+
 def test_dynamic_guard_binds_symbols_and_checks_ranges():
     graph = proto.Graph()
     graph.symbols.add(name="s0", hint=4, min_value=2, max_value=64)

@@ -316,3 +316,56 @@ def test_tuple_items_returned_as_none_are_fine_until_read():
     torch.testing.assert_close(dx, want)
     with pytest.raises(PlanError, match="returned None"):
         run(build(True), args)
+
+
+def test_programs_are_built_once_per_device_and_outputs_are_fresh():
+    plan = proto.Plan(num_inputs=1, workspace_bytes=128)
+    x = value(plan, [2, 3], PV.STORAGE_INPUT, 0)
+    w = value(plan, [2, 3], PV.STORAGE_WORKSPACE, offset=64)
+    out = value(plan, [3, 2], PV.STORAGE_OUTPUT)
+    aten(plan, "aten.mul.Tensor", [ref(x), 2.0], [w])
+    aten(plan, "aten.t.default", [ref(w)], [value(plan, [3, 2], PV.STORAGE_STEP, strides=[1, 3])])
+    aten(plan, "aten.add.Tensor", [ref(3), 1.0], [out])
+    plan.outputs.extend([out, x])
+    ex, _ = run(plan, [torch.randn(2, 3)])
+    results = []
+    for _ in range(3):
+        xin = torch.randn(2, 3)
+        o, same = ex([xin])
+        torch.testing.assert_close(o, xin.t() * 2 + 1)
+        assert same is xin
+        results.append(o)
+    assert len({r.data_ptr() for r in results}) == 3  # each call allocates its outputs
+    assert len(ex._programs) == 1
+
+
+def test_inputs_that_are_not_tensors_or_missing_are_plan_errors():
+    plan = proto.Plan(num_inputs=2)
+    x = value(plan, [3], PV.STORAGE_INPUT, 0)
+    y = value(plan, [3], PV.STORAGE_INPUT, 1)
+    z = value(plan, [3], PV.STORAGE_STEP)
+    aten(plan, "aten.add.Tensor", [ref(x), ref(y)], [z])
+    plan.outputs.append(z)
+    ex, _ = run(plan, [torch.randn(3), torch.randn(3)])
+    with pytest.raises(PlanError, match="graph input 1 is not a tensor"):
+        ex([torch.randn(3), 7])
+    with pytest.raises(PlanError, match="takes 2 inputs, got 1"):
+        ex([torch.randn(3)])
+
+
+def test_values_read_before_their_step_and_step_results_read_through_views():
+    plan = proto.Plan(num_inputs=1)
+    x = value(plan, [4], PV.STORAGE_INPUT, 0)
+    y = value(plan, [4], PV.STORAGE_STEP)
+    half = value(plan, [2], PV.STORAGE_VIEW, index=y, offset=2, strides=[1])
+    z = value(plan, [2], PV.STORAGE_STEP)
+    aten(plan, "aten.neg.default", [ref(x)], [y])
+    aten(plan, "aten.mul.Tensor", [ref(half), 3.0], [z])
+    plan.outputs.extend([z, half])
+    xin = torch.randn(4)
+    _, (got, view) = run(plan, [xin])
+    torch.testing.assert_close(got, -xin[2:] * 3)
+    torch.testing.assert_close(view, -xin[2:])
+    plan.steps[0].aten.outputs[0] = -1  # nothing produces y now
+    with pytest.raises(PlanError, match="v1 is used before the step that produces it ran"):
+        run(plan, [xin])

@@ -78,9 +78,25 @@ class FakeModule:
         return self.kernels.setdefault(symbol, len(self.kernels))
 
 
+class FakeTable:
+    """Stands in for kiln.runtime.CudaLaunchTable: `buffers` is filled by the executor per call,
+    run() records the launches it would make."""
+
+    def __init__(self, rt, entries):
+        self.rt, self.entries = rt, list(entries)
+        self.buffers = [None] * sum(e[5] for e in self.entries)
+
+    def run(self, stream):
+        launches, k = [], 0
+        for module, kernel, grid, block, shared, count, scalars in self.entries:
+            launches.append((module, kernel, grid, block, shared, list(self.buffers[k:k + count]), list(scalars)))
+            k += count
+        self.rt.runs.append((launches, stream))
+
+
 class FakeRuntime:
     def __init__(self):
-        self.inits, self.loads, self.runs = 0, [], []
+        self.inits, self.loads, self.runs, self.tables = 0, [], [], []
 
     def cuda_init(self):
         self.inits += 1
@@ -89,8 +105,10 @@ class FakeRuntime:
         self.loads.append((bytes(data), device))
         return FakeModule(bytes(data), device)
 
-    def cuda_run(self, launches, stream):
-        self.runs.append((launches, stream))
+    def cuda_launch_table(self, entries):
+        table = FakeTable(self, entries)
+        self.tables.append(table)
+        return table
 
 
 @pytest.fixture
@@ -115,21 +133,47 @@ def test_launch_table_from_a_plan(no_device_guard, monkeypatch):
     assert modules[0].kernels == {"kiln_kernel_0": 0, "kiln_kernel_1": 1}
     assert modules[1].kernels == {"kiln_kernel_0": 0}
 
-    # The table for the first batch, with CPU tensors standing in for device memory.
-    monkeypatch.setattr(executor._Run, "device_of", lambda self, i: torch.device("cpu"))
-    a, b = torch.randn(8), torch.randn(8)
-    run = executor._Run(ex, [a, b], {})
-    launches = run.cuda_launches(first, modules)
-    t, out = run.env[2], run.env[3]
-    assert t.data_ptr() == run.workspace.data_ptr()
-    assert launches == [
-        (modules[0], 0, 1, 256, 0, [a.data_ptr(), b.data_ptr(), t.data_ptr()], []),
-        (modules[0], 1, 2, 64, 128, [t.data_ptr(), out.data_ptr()], []),
-    ]
     # Run on CPU tensors: refused, nothing launched.
+    a, b = torch.randn(8), torch.randn(8)
     with pytest.raises(PlanError, match="compiled for CUDA runs on cpu"):
         ex([a, b])
-    assert rt.runs == []
+    assert rt.runs == [] and rt.tables == []
+
+
+def test_launch_tables_are_built_once_and_filled_per_call(no_device_guard, monkeypatch):
+    """The program for cuda:2, with CPU tensors standing in for device memory: one table per batch
+    of consecutive kernel steps, built once; per call only the buffer pointers change, and the
+    stream is looked up once per call."""
+    rt = FakeRuntime()
+    ex = PlanExecutor(artifact_of(two_binary_plan()), proto.Graph(), runtime_loader=lambda: rt)
+    monkeypatch.setattr(executor._Program, "_device_of", lambda self, i: torch.device("cpu"))
+    monkeypatch.setattr(executor, "_IS_CUDA", lambda t: True)
+    streams = []
+    monkeypatch.setattr(executor, "_current_stream", lambda device: streams.append(device) or 7)
+    device = torch.device("cuda", 2)
+    program = executor._Program(ex, device, {})
+    modules = ex.cuda_modules(device)
+    assert len(rt.tables) == 2  # the two batches' tables, built with the program
+    for call in range(3):
+        a, b = torch.randn(8), torch.randn(8)
+        out, out2 = program([a, b])
+        (first, s1), (last, s2) = rt.runs[-2:]
+        t = first[0][5][2]  # the workspace value
+        assert first == [
+            (modules[0], 0, 1, 256, 0, [a.data_ptr(), b.data_ptr(), t], []),
+            (modules[0], 1, 2, 64, 128, [t, out.data_ptr()], []),
+        ]
+        assert t not in (a.data_ptr(), b.data_ptr(), out.data_ptr())
+        assert len(last) == 1 and last[0][:5] == (modules[1], 0, 3, 32, 0)
+        assert last[0][5][1] == out2.data_ptr() and (s1, s2) == (7, 7)
+        assert len(streams) == call + 1  # once per call
+    assert len(rt.tables) == 2 and len(rt.runs) == 6
+    assert out.shape == (8,) and out2.shape == (8,)
+    # Arguments that may live elsewhere (inputs, aten results) are checked per call.
+    monkeypatch.setattr(executor, "_IS_CUDA", lambda t: t.data_ptr() != b.data_ptr())
+    with pytest.raises(PlanError, match="kernel kiln_kernel_0: argument v1 is on cpu, not on cuda:2"):
+        program([a, b])
+    assert len(rt.runs) == 6
 
 
 def test_binaries_load_at_plan_load_when_the_device_is_known(no_device_guard):

@@ -100,6 +100,46 @@ def test_kernel_steps_run_through_the_runtime(rt, kernel_so):
         torch.testing.assert_close(negated, -(a * 2 + b + 1))
 
 
+def test_kernel_tables_from_several_threads_at_once(rt, kernel_so):
+    """Each call fills launch tables of its own (a pool per program), so concurrent calls of one
+    plan do not see each other's pointers; each size (symbol value) has its program."""
+    import threading
+
+    graph = dynamic_graph()
+    plan = proto.Plan(num_inputs=2)
+    for i in range(2):
+        plan.values.add(storage=PV.STORAGE_INPUT, index=i).meta.CopyFrom(graph.nodes[i].meta.tensor)
+    plan.values.add(storage=PV.STORAGE_OUTPUT).meta.CopyFrom(graph.nodes[0].meta.tensor)
+    for symbol in ("kiln_kernel_0", "kiln_kernel_1"):
+        k = plan.steps.add().kernel
+        k.binary, k.symbol = 0, symbol
+        k.args.extend([0, 1, 2] if symbol.endswith("0") else [2])
+        k.scalar_args.append(0)
+    plan.outputs.append(2)
+    artifact = testing.make_artifact(plan, proto.Target(device=proto.DEVICE_KIND_CPU, cpu_isa="x86-64-v2"),
+                                     [proto.Binary(kind=proto.Binary.KIND_SHARED_OBJECT, data=kernel_so)])
+    ex = PlanExecutor(artifact, graph, runtime_loader=lambda: rt)
+    guard = InputGuard(graph)
+    errors = []
+
+    def work(n):
+        try:
+            for _ in range(200):
+                a, b = torch.randn(n), torch.randn(n)
+                (got,) = ex([a, b], guard.bind([a, b]))
+                torch.testing.assert_close(got, a * 2 + b + 1)
+        except Exception as e:  # pragma: no cover  (reported below)
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in (7, 7, 300, 300)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert len(ex._programs) == 2
+
+
 def test_runtime_errors_are_reported(rt, kernel_so):
     module = rt.load(kernel_so)
     with pytest.raises(runtime.RuntimeCallError, match="no_such_kernel"):
