@@ -121,6 +121,17 @@ std::vector<Case> Cases() {
   c.push_back({"row_statistics_1024_misaligned", RowStatistics(1024), {4}, true});
   c.push_back({"row_statistics_3000", RowStatistics(3000), {3}});
   c.push_back({"column_sum", kt::ColumnSum(100, 70), {}});
+  // Real-graph kernels: bf16 rows (the widened load serves the row cache, the two-pass statistic
+  // and the exp reuse), rms norm's phase epilogue, a column-major output (loops permuted, tiled).
+  c.push_back({"softmax_bf16_1024", kt::RowSoftmaxBf16(1024), {9}});
+  c.push_back({"softmax_bf16_1000_misaligned", kt::RowSoftmaxBf16(1000), {5}, true});
+  c.push_back({"softmax_bf16_4096_block", kt::RowSoftmaxBf16(4096), {3}});
+  c.push_back({"layer_norm_bf16_1024", kt::LayerNormBf16(1024, 1e-5f), {7}});
+  c.push_back({"rms_norm_1024", kt::RmsNorm(1024, 1e-6f, false), {7}});
+  c.push_back({"rms_norm_bf16_1024", kt::RmsNorm(1024, 1e-6f, true), {7}});
+  c.push_back({"rms_norm_bf16_3000_misaligned", kt::RmsNorm(3000, 1e-6f, true), {3}, true});
+  c.push_back({"transpose_add_column_major", kt::TransposeAddColumnMajor(64, 96), {}});
+  c.push_back({"transpose_add_column_major_tails", kt::TransposeAddColumnMajor(40, 70), {}});
   c.push_back({"bf16_chain", kt::Bf16Chain(1001), {}});
   c.push_back({"bf16_chain_misaligned", kt::Bf16Chain(4096), {}, true});
   c.push_back({"every_acc_f32", ct::EveryAccumulator(ScalarType::kFloat32, false, 4, 8), {}});
