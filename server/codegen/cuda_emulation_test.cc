@@ -66,6 +66,23 @@ absl::StatusOr<Kernel> SoftmaxPlusInput(int64_t cols) {
   return kb.Finish();
 }
 
+// x / x.sum(0, keepdim=True): a column reduction with a phase epilogue (what fusion now gives
+// a broadcast of a column sum), so the column layout runs a second phase of stores.
+absl::StatusOr<Kernel> ColumnNormalize(int64_t rows, int64_t cols) {
+  KernelBuilder kb("column normalize");
+  const Size r = Size::Const(rows), c = Size::Const(cols);
+  const Buffer x = kb.AddBuffer(ScalarType::kFloat32, Access::kRead, r * c);
+  const Buffer out = kb.AddBuffer(ScalarType::kFloat32, Access::kWrite, r * c);
+  const Var col = kb.AddOuter(c), row = kb.AddReduce(r);
+  const Accumulator sum = kb.AddAccumulator(AccKind::kSum, ScalarType::kFloat32);
+  const Index idx = MakeIndex(Size(), {{row, c}, {col, Size::Const(1)}});
+  kb.BeginPhase();
+  kb.Add(Accumulate(sum, Load(x, idx)));
+  kb.BeginPhase();
+  kb.Add(Store(out, idx, Div(Load(x, idx), AccRead(sum, AccField::kValue))));
+  return kb.Finish();
+}
+
 struct Case {
   std::string name;
   absl::StatusOr<Kernel> kernel;
@@ -130,6 +147,7 @@ std::vector<Case> Cases() {
   c.push_back({"rms_norm_1024", kt::RmsNorm(1024, 1e-6f, false), {7}});
   c.push_back({"rms_norm_bf16_1024", kt::RmsNorm(1024, 1e-6f, true), {7}});
   c.push_back({"rms_norm_bf16_3000_misaligned", kt::RmsNorm(3000, 1e-6f, true), {3}, true});
+  c.push_back({"column_normalize", ColumnNormalize(100, 70), {}});
   c.push_back({"transpose_add_column_major", kt::TransposeAddColumnMajor(64, 96), {}});
   c.push_back({"transpose_add_column_major_tails", kt::TransposeAddColumnMajor(40, 70), {}});
   c.push_back({"bf16_chain", kt::Bf16Chain(1001), {}});

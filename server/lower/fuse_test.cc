@@ -274,6 +274,18 @@ TEST(FuseTest, BroadcastOfReductionAlongRowsIsAPhaseEpilogue) {
 )");
 }
 
+// The same along dim 0 (a column sum): the broadcast is along the reduced dim, so it fuses too.
+TEST(FuseTest, BroadcastOfColumnReductionIsAPhaseEpilogue) {
+  GraphBuilder b;
+  b.Input("x", C32({4, 8}))
+      .Call("s", "aten.sum.dim_IntList", {Ref("x"), Ints({0}), B(true)}, C32({1, 8}))
+      .Call("d", "aten.div.Tensor", {Ref("x"), Ref("s")}, C32({4, 8}))
+      .Output({"d"});
+  const Result r = Pipeline(b.Build());
+  EXPECT_EQ(r.kernels.kernels.size(), 1u) << Log(r);
+  EXPECT_TRUE(absl::StrContains(r.text, "b1[o0 + 8*r0] = true_div(load(b0, o0 + 8*r0), a0.value)")) << r.text;
+}
+
 // RMS norm as written in models: x * rsqrt(mean(x^2, -1, keepdim) + eps) * w, one kernel.
 TEST(FuseTest, RmsNormGolden) {
   GraphBuilder b;
