@@ -6,7 +6,8 @@
 // bfloat16 <-> float conversions. Buffers hold 16-bit patterns (uint16_t); values are computed in
 // float. Conversions to 16 bits round to nearest even and keep NaN (quiet) and inf, by bit
 // manipulation only (no cuda_fp16.h / cuda_bf16.h: they cost ~100 ms per NVRTC compile), so they
-// are bit-identical to kernels/cpu/kiln_half.h.
+// are bit-identical to kernels/cpu/kiln_half.h; on sm_80+ the narrowing ones are one PTX cvt.rn
+// (same bits, except that a NaN loses its sign and payload: 0x7fff, as torch's CUDA kernels).
 //
 // The headers of kernels/cuda also compile as plain C++17 on the host (without __CUDACC__), where
 // KILN_DEV is `inline` and the device intrinsics used here have host stand-ins; helpers_test uses
@@ -86,15 +87,26 @@ KILN_DEV uint32_t f32_to_bits(float f) { return __float_as_uint(f); }
 KILN_DEV float bf16_to_f32(uint16_t h) { return bits_to_f32(static_cast<uint32_t>(h) << 16); }
 
 KILN_DEV uint16_t f32_to_bf16(float f) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  uint16_t h;  // one F2FP instead of ~6 integer operations; a NaN comes back as 0x7fff
+  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));
+  return h;
+#else
   const uint32_t u = f32_to_bits(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x0040u);  // NaN
   const uint32_t rounded = u + 0x7fffu + ((u >> 16) & 1u);
   return static_cast<uint16_t>(rounded >> 16);
+#endif
 }
 
 KILN_DEV float round_bf16(float f) { return bf16_to_f32(f32_to_bf16(f)); }
 
 KILN_DEV float f16_to_f32(uint16_t h) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  float f;  // exact
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+  return f;
+#else
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
   const uint32_t exp = (h >> 10) & 0x1fu;
   const uint32_t man = h & 0x3ffu;
@@ -102,9 +114,15 @@ KILN_DEV float f16_to_f32(uint16_t h) {
   if (exp != 0) return bits_to_f32(sign | ((exp + 112) << 23) | (man << 13));  // normal
   const float v = static_cast<float>(man) * 5.9604644775390625e-8f;  // subnormal: exact
   return sign ? -v : v;
+#endif
 }
 
 KILN_DEV uint16_t f32_to_f16(float f) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  uint16_t h;  // one F2FP instead of a dozen integer operations; a NaN comes back as 0x7fff
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+  return h;
+#else
   const uint32_t u = f32_to_bits(f);
   const uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
   const uint32_t abs = u & 0x7fffffffu;
@@ -124,8 +142,8 @@ KILN_DEV uint16_t f32_to_f16(float f) {
   const uint32_t biased = abs - 0x38000000u;
   const uint32_t rounded = biased + 0xfffu + ((biased >> 13) & 1u);
   return static_cast<uint16_t>(sign | (rounded >> 13));
+#endif
 }
-
 KILN_DEV float round_f16(float f) { return f16_to_f32(f32_to_f16(f)); }
 
 }  // namespace kiln_cuda

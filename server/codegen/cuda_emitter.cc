@@ -3,11 +3,13 @@
 #include <algorithm>
 #include <limits>
 #include <map>
+#include <memory>
 #include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
+#include "absl/types/optional.h"
 #include "kernels/cuda/embedded_headers.h"
 #include "server/codegen/code_writer.h"
 #include "server/codegen/cpu_emitter.h"
@@ -463,7 +465,13 @@ class CudaKernelEmitter : public CpuKernelEmitter {
   }
 
   void EmitCudaStmt(const Stmt& s) {
-    const std::string v = ExprCode(s.value);
+    // A store of cast<f16/bf16>(x) to a buffer of that type narrows x once: the cast's rounding
+    // (round_bf16: to a float) and the store's narrowing give the same bits as narrowing alone.
+    const bool narrow_arg = s.kind == StmtKind::kStore && s.value->kind == ExprKind::kCast &&
+                            kernel::IsHalfType(s.buffer.dtype) && s.value->type == s.buffer.dtype &&
+                            (s.value->args[0]->type == ScalarType::kFloat32 ||
+                             s.value->args[0]->type == s.buffer.dtype);
+    const std::string v = ExprCode(narrow_arg ? s.value->args[0] : s.value);
     if (s.kind == StmtKind::kStore) {
       const std::string key = AccessKey(s.buffer, s.index);
       if (plan_ != nullptr && lane_ >= 0) {
@@ -887,8 +895,8 @@ class CudaKernelEmitter : public CpuKernelEmitter {
           if (!kernel::IsFloatType(s.acc.dtype)) continue;
           TwoPass tp;
           tp.phase = static_cast<int>(pi);
-          if (s.value->kind == ExprKind::kLoad && s.value->args.empty()) {
-            auto cached = cache_.find(AccessKey(s.value->buffer, s.value->index));
+          if (const ExprNode* load = HeldLoad(s.value.get())) {
+            auto cached = cache_.find(AccessKey(load->buffer, load->index));
             if (cached != cache_.end() && s.value->type == s.acc.dtype) {
               tp.array = cached->second.name;
               tp.reuses_cache = true;
@@ -1011,15 +1019,26 @@ class CudaKernelEmitter : public CpuKernelEmitter {
     std::vector<const ExprNode*> exp_nodes;
   };
 
-  // exp(load `key` - acc<id>.max)?
+  // The unmasked load whose register value `e` is exactly: `e` itself, or an f16/bf16 load
+  // widened to f32 (both are held as the same float, so a row cache of the load serves the cast);
+  // nullptr otherwise.
+  static const ExprNode* HeldLoad(const ExprNode* e) {
+    if (e->kind == ExprKind::kCast && e->type == ScalarType::kFloat32 &&
+        kernel::IsHalfType(e->args[0]->type)) {
+      e = e->args[0].get();
+    }
+    return e->kind == ExprKind::kLoad && e->args.empty() ? e : nullptr;
+  }
+
+  // exp(load `key` - acc<id>.max), the load possibly widened (HeldLoad)?
   static bool IsExpShift(const ExprNode* e, int id, const std::string& key) {
     if (e->kind != ExprKind::kUnary || e->unary_op != kernel::UnaryOp::kExp) return false;
     const ExprNode* d = e->args[0].get();
     if (d->kind != ExprKind::kBinary || d->binary_op != kernel::BinaryOp::kSub) return false;
-    const ExprNode* x = d->args[0].get();
+    const ExprNode* x = HeldLoad(d->args[0].get());
     const ExprNode* m = d->args[1].get();
-    return x->kind == ExprKind::kLoad && x->args.empty() && AccessKey(x->buffer, x->index) == key &&
-           m->kind == ExprKind::kAccRead && m->acc.id == id && m->field == AccField::kMax;
+    return x != nullptr && AccessKey(x->buffer, x->index) == key && m->kind == ExprKind::kAccRead &&
+           m->acc.id == id && m->field == AccField::kMax;
   }
 
   // Collects the exp(x - max) nodes of `e` into `out`; false if the load is read otherwise.
@@ -1170,6 +1189,71 @@ class CudaKernelEmitter : public CpuKernelEmitter {
   std::set<std::string> filled_;             // cache slots written in the current lane
 };
 
+// Pointwise kernels whose stores are all contiguous along an outer dim other than the innermost
+// (a torch output that follows a transposed input's layout: `a.t() + b` is column-major): the
+// same kernel with that dim moved innermost, so that threads (and vectors, and the y/x tiles of
+// kTiled) run along the stores. Every point of a pointwise kernel is independent, so the order
+// of the outer loops is free; the permuted kernel is only emitted, never printed or keyed.
+class OuterPermuter {
+ public:
+  // new_of_old[i]: the position of old outer dim i.
+  explicit OuterPermuter(std::vector<int32_t> new_of_old) : new_of_old_(std::move(new_of_old)) {}
+
+  Index Map(const Index& index) const {
+    std::vector<IndexTerm> terms;
+    for (const IndexTerm& t : index.terms) terms.push_back(IndexTerm{MapVar(t.var), t.stride});
+    return kernel::MakeIndex(index.offset, std::move(terms));
+  }
+
+  Expr Map(const Expr& e) {
+    auto it = memo_.find(e.get());
+    if (it != memo_.end()) return it->second;
+    auto n = std::make_shared<ExprNode>(*e);
+    if (n->kind == ExprKind::kLoad) n->index = Map(n->index);
+    if (n->kind == ExprKind::kLoopVar) n->var = MapVar(n->var);
+    for (Expr& a : n->args) a = Map(a);
+    Expr out = n;
+    memo_[e.get()] = out;
+    return out;
+  }
+
+ private:
+  Var MapVar(const Var& v) const {
+    return v.kind == VarKind::kOuter ? Var{VarKind::kOuter, new_of_old_[v.index]} : v;
+  }
+  std::vector<int32_t> new_of_old_;
+  std::map<const ExprNode*, Expr> memo_;  // keeps shared subexpressions shared (emitter CSE)
+};
+
+absl::optional<Kernel> StoreOrderedPointwise(const Kernel& k) {
+  const int n = static_cast<int>(k.outer.size());
+  if (!k.is_pointwise() || n < 2) return absl::nullopt;
+  int dim = -1;
+  for (const Stmt& s : k.body) {
+    if (s.kind != StmtKind::kStore) continue;
+    int d = -1;
+    for (const IndexTerm& t : s.index.terms) {
+      if (t.var.kind == VarKind::kOuter && t.stride.AsConst() == absl::optional<int64_t>(1) &&
+          !k.outer[t.var.index].is_const(1)) {
+        d = t.var.index;
+      }
+    }
+    if (d < 0 || (dim >= 0 && d != dim)) return absl::nullopt;
+    dim = d;
+  }
+  if (dim < 0 || dim == n - 1) return absl::nullopt;
+  std::vector<int32_t> new_of_old(n);
+  for (int i = 0, next = 0; i < n; ++i) new_of_old[i] = i == dim ? n - 1 : next++;
+  OuterPermuter perm(new_of_old);
+  Kernel out = k;
+  for (int i = 0; i < n; ++i) out.outer[new_of_old[i]] = k.outer[i];
+  for (Stmt& s : out.body) {
+    s.index = perm.Map(s.index);
+    s.value = perm.Map(s.value);
+  }
+  return out;
+}
+
 }  // namespace
 
 absl::StatusOr<CudaSource> EmitCudaSource(absl::Span<const Kernel> kernels,
@@ -1186,7 +1270,8 @@ absl::StatusOr<CudaSource> EmitCudaSource(absl::Span<const Kernel> kernels,
   std::string source = w.Take();
   out.prelude = source;
   for (size_t i = 0; i < kernels.size(); ++i) {
-    CudaKernelEmitter emitter(kernels[i], static_cast<int>(i), options);
+    const absl::optional<Kernel> permuted = StoreOrderedPointwise(kernels[i]);
+    CudaKernelEmitter emitter(permuted ? *permuted : kernels[i], static_cast<int>(i), options);
     absl::StatusOr<std::string> fn = emitter.Emit();
     if (!fn.ok()) {
       return absl::Status(fn.status().code(),

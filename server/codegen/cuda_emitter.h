@@ -31,6 +31,10 @@
 // memory stays in the kernel and is passed in), and the kernel calls the int32_t instance when
 // the scalars make the work and every buffer size (plus the slack) fit, the int64_t one otherwise.
 //
+// Loop order: a pointwise kernel whose stores are all contiguous along one outer dim other than
+// the innermost (torch gives `a.t() + b` a column-major output) is emitted with that dim moved
+// innermost (the points are independent), so the mappings below run along the stores.
+//
 // Thread mappings (CudaLayout):
 //   * kPointwise: the outer space is flattened into rows x chunks of `vector_width` consecutive
 //     innermost elements; a thread handles a chunk per grid-stride step. When the innermost index
@@ -59,7 +63,9 @@
 //     Same (max, sum) / (mean, m2, count) up to rounding; NaN propagates; an all -inf row gives
 //     max -inf, sum 0 as the online rule. When later phases read a cached load only inside
 //     exp(x - max) of that accumulator (softmax), pass B overwrites the cache with those exps and
-//     the later phases read them (one exp per element in all). Division by a row's softmax sum or Welford count is
+//     the later phases read them (one exp per element in all). An f16/bf16 load widened to f32
+//     counts as the load for both (the cache holds the widened float). A store of
+//     cast<f16/bf16>(x) narrows x once. Division by a row's softmax sum or Welford count is
 //     x * (1 / s) with the reciprocal once per row (within 1.5 ulp of x / s; s >= 1, 0 or NaN).
 //   * kColumn: reductions whose loads are contiguous across outer points (column sums): a block
 //     serves 32 consecutive points with block/32 threads each; partials meet in shared memory.

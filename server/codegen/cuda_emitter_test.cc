@@ -361,6 +361,51 @@ TEST(CudaEmitter, Bf16UsesEightWideVectorsAndBitConversions) {
   EXPECT_TRUE(absl::StrContains(src, "using idx_t = int32_t;"));
 }
 
+// bf16 rows as torch graphs give them (cast<f32>(load) folded, cast<bf16> stored): the widened
+// load is the row cache's value, so the two-pass max/sum and the exp reuse work as in f32 (no
+// second register array, one exp per element), and the store narrows once (no round_bf16).
+TEST(CudaEmitter, Bf16SoftmaxCachesTheWidenedRowOnceWithOneExpPerElement) {
+  CudaLaunch launch;
+  const std::string src = EmitOne(kt::RowSoftmaxBf16(1024), true, &launch);
+  EXPECT_EQ(launch.layout, CudaLayout::kWarpPerRow);
+  EXPECT_EQ(launch.vector_width, 8);
+  EXPECT_EQ(launch.cached_values, 32) << src;
+  EXPECT_FALSE(absl::StrContains(src, "kiln_a0")) << src;
+  EXPECT_EQ(Count(src, "kiln_c0[kiln_e * 8 + 7] = kiln_cuda::exp(kiln_c0[kiln_e * 8 + 7] - acc0.max);"), 1) << src;
+  EXPECT_EQ(Count(src, "kiln_cuda::exp("), 9) << src;  // 8 vector lanes + the scalar path
+  EXPECT_EQ(Count(src, "round_bf16"), 0) << src;
+  EXPECT_EQ(Count(src, "kiln_cuda::f32_to_bf16("), 9) << src;
+  // Welford over a widened load: two passes over the cache, no array of its own.
+  const std::string ln = EmitOne(kt::LayerNormBf16(1024, 1e-5f), true, &launch);
+  EXPECT_EQ(launch.cached_values, 32) << ln;
+  EXPECT_FALSE(absl::StrContains(ln, "kiln_a0")) << ln;
+  EXPECT_EQ(Count(ln, ".Update("), 0) << ln;
+}
+
+// The same kernel before and after the fusion of rms norm's epilogue: one row kernel, x cached.
+TEST(CudaEmitter, RmsNormReadsTheRowOnce) {
+  CudaLaunch launch;
+  const std::string src = EmitOne(kt::RmsNorm(1024, 1e-6f, true), true, &launch);
+  EXPECT_EQ(launch.layout, CudaLayout::kWarpPerRow);
+  EXPECT_EQ(launch.cached_values, 32) << src;
+  EXPECT_EQ(Count(src, "kiln_cuda::load_vec<8>(b0"), 1) << src;
+}
+
+// torch gives `a.t() + b` a column-major output: the loops are permuted so that threads run along
+// the stores, and the now-transposed b goes through the shared tile.
+TEST(CudaEmitter, ColumnMajorOutputsPermuteTheLoopsAndTileTheOtherInput) {
+  CudaLaunch launch;
+  const std::string src = EmitOne(kt::TransposeAddColumnMajor(64, 96), true, &launch);
+  EXPECT_EQ(launch.layout, CudaLayout::kTiled) << src;
+  EXPECT_TRUE(absl::StrContains(src, "b2[o0 * 64 + o1] = ")) << src;  // lanes along o1: coalesced
+  EXPECT_TRUE(absl::StrContains(src, "kiln_t0[kiln_i][kiln_lane] = b1[o0 + o1 * 96];")) << src;
+  EXPECT_TRUE(absl::StrContains(src, "= b0[o0 * 64 + o1];")) << src;
+  // Without tiles: vectors along the stores.
+  EmitOne(kt::TransposeAddColumnMajor(64, 96), true, &launch, /*tile=*/false);
+  EXPECT_EQ(launch.layout, CudaLayout::kPointwise);
+  EXPECT_EQ(launch.vector_width, 4);
+}
+
 TEST(CudaEmitter, SixtyFourBitIndicesForHugeSizesAndAThirtyTwoBitInstanceForScalars) {
   // Sizes over scalars: the body is instantiated for both index types, 32-bit when the scalars
   // make every size (plus the slack) fit.

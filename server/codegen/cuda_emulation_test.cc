@@ -66,6 +66,23 @@ absl::StatusOr<Kernel> SoftmaxPlusInput(int64_t cols) {
   return kb.Finish();
 }
 
+// x / x.sum(0, keepdim=True): a column reduction with a phase epilogue (what fusion now gives
+// a broadcast of a column sum), so the column layout runs a second phase of stores.
+absl::StatusOr<Kernel> ColumnNormalize(int64_t rows, int64_t cols) {
+  KernelBuilder kb("column normalize");
+  const Size r = Size::Const(rows), c = Size::Const(cols);
+  const Buffer x = kb.AddBuffer(ScalarType::kFloat32, Access::kRead, r * c);
+  const Buffer out = kb.AddBuffer(ScalarType::kFloat32, Access::kWrite, r * c);
+  const Var col = kb.AddOuter(c), row = kb.AddReduce(r);
+  const Accumulator sum = kb.AddAccumulator(AccKind::kSum, ScalarType::kFloat32);
+  const Index idx = MakeIndex(Size(), {{row, c}, {col, Size::Const(1)}});
+  kb.BeginPhase();
+  kb.Add(Accumulate(sum, Load(x, idx)));
+  kb.BeginPhase();
+  kb.Add(Store(out, idx, Div(Load(x, idx), AccRead(sum, AccField::kValue))));
+  return kb.Finish();
+}
+
 struct Case {
   std::string name;
   absl::StatusOr<Kernel> kernel;
@@ -121,6 +138,18 @@ std::vector<Case> Cases() {
   c.push_back({"row_statistics_1024_misaligned", RowStatistics(1024), {4}, true});
   c.push_back({"row_statistics_3000", RowStatistics(3000), {3}});
   c.push_back({"column_sum", kt::ColumnSum(100, 70), {}});
+  // Real-graph kernels: bf16 rows (the widened load serves the row cache, the two-pass statistic
+  // and the exp reuse), rms norm's phase epilogue, a column-major output (loops permuted, tiled).
+  c.push_back({"softmax_bf16_1024", kt::RowSoftmaxBf16(1024), {9}});
+  c.push_back({"softmax_bf16_1000_misaligned", kt::RowSoftmaxBf16(1000), {5}, true});
+  c.push_back({"softmax_bf16_4096_block", kt::RowSoftmaxBf16(4096), {3}});
+  c.push_back({"layer_norm_bf16_1024", kt::LayerNormBf16(1024, 1e-5f), {7}});
+  c.push_back({"rms_norm_1024", kt::RmsNorm(1024, 1e-6f, false), {7}});
+  c.push_back({"rms_norm_bf16_1024", kt::RmsNorm(1024, 1e-6f, true), {7}});
+  c.push_back({"rms_norm_bf16_3000_misaligned", kt::RmsNorm(3000, 1e-6f, true), {3}, true});
+  c.push_back({"column_normalize", ColumnNormalize(100, 70), {}});
+  c.push_back({"transpose_add_column_major", kt::TransposeAddColumnMajor(64, 96), {}});
+  c.push_back({"transpose_add_column_major_tails", kt::TransposeAddColumnMajor(40, 70), {}});
   c.push_back({"bf16_chain", kt::Bf16Chain(1001), {}});
   c.push_back({"bf16_chain_misaligned", kt::Bf16Chain(4096), {}, true});
   c.push_back({"every_acc_f32", ct::EveryAccumulator(ScalarType::kFloat32, false, 4, 8), {}});

@@ -1,6 +1,6 @@
 // emit_cuda_fixtures: writes the inputs of the GPU check (tests/gpu/cuda_kernels_check.py):
-// canonical kernels (server/kernel/test_kernels.h, plus two plain pointwise ones) at sizes big
-// enough to measure bandwidth, emitted by the CUDA emitter as one source, compiled by NVRTC into
+// canonical kernels (server/kernel/test_kernels.h, plus two plain pointwise ones; among them the
+// kernels of scripts/bench_gpu.py's real graphs) at sizes big enough to measure bandwidth, emitted by the CUDA emitter as one source, compiled by NVRTC into
 // one cubin, and a JSON manifest saying for each kernel its symbol, launch (grid, block, shared
 // bytes), scalars, buffers (dtype, shape, role) and what it computes.
 //
@@ -87,6 +87,21 @@ std::vector<Fixture> Fixtures(bool small) {
                 {"float32", {rows}, "out"}}});
   f.push_back({"column_sum", "column_sum", "", kt::ColumnSum(side, side), {},
                {{"float32", {side, side}, "in"}, {"float32", {side}, "out"}}});
+  // The kernels of scripts/bench_gpu.py's real graphs (compile_graph --dump), at its sizes.
+  f.push_back({"softmax_bf16_1024", "softmax", "", kt::RowSoftmaxBf16(1024), {rows},
+               {{"bfloat16", {rows, 1024}, "in"}, {"bfloat16", {rows, 1024}, "out"}}});
+  f.push_back({"layer_norm_bf16_1024", "layer_norm_out", "\"eps\": 1e-05", kt::LayerNormBf16(1024, 1e-5f),
+               {rows},
+               {{"bfloat16", {rows, 1024}, "in"}, {"bfloat16", {1024}, "in"}, {"bfloat16", {1024}, "in"},
+                {"bfloat16", {rows, 1024}, "out"}}});
+  f.push_back({"rms_norm_1024", "rms_norm", "\"eps\": 1e-06", kt::RmsNorm(1024, 1e-6f, false), {rows},
+               {{"float32", {rows, 1024}, "in"}, {"float32", {1024}, "in"}, {"float32", {rows, 1024}, "out"}}});
+  f.push_back({"rms_norm_bf16_1024", "rms_norm", "\"eps\": 1e-06", kt::RmsNorm(1024, 1e-6f, true), {rows},
+               {{"bfloat16", {rows, 1024}, "in"}, {"bfloat16", {1024}, "in"},
+                {"bfloat16", {rows, 1024}, "out"}}});
+  f.push_back({"transpose_add_column_major", "add_transposed_rhs", "", kt::TransposeAddColumnMajor(side, side), {},
+               {{"float32", {side, side}, "in"}, {"float32", {side, side}, "in"},
+                {"float32", {side, side}, "out"}}});
   return f;
 }
 

@@ -17,8 +17,9 @@ cat "${TEST_TMPDIR}/log"
 test "$(head -c 4 "${out}/kernels_sm_90.cubin" | od -An -c | tr -d ' ')" = "177ELF"
 grep -q "namespace kiln_cuda" "${out}/kernels.cu"
 for name in add_f32 bf16_chain broadcast_add_transposed softmax_1024 log_softmax_8192 softmax_16384 softmax_32768 \
-            layer_norm_1024 column_sum; do
+            layer_norm_1024 column_sum softmax_bf16_1024 layer_norm_bf16_1024 rms_norm_1024 rms_norm_bf16_1024 \
+            transpose_add_column_major; do
   grep -q "\"name\": \"${name}\"" "${out}/manifest.json" || { echo "no ${name} in the manifest"; exit 1; }
 done
-python3 -c "import json,sys; m=json.load(open(sys.argv[1])); assert len(m['kernels'])==9; assert all(k['grid']>=1 and k['block']>=32 for k in m['kernels'])" "${out}/manifest.json"
+python3 -c "import json,sys; m=json.load(open(sys.argv[1])); assert len(m['kernels'])==14; assert all(k['grid']>=1 and k['block']>=32 for k in m['kernels'])" "${out}/manifest.json"
 echo PASS

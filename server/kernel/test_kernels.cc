@@ -90,4 +90,79 @@ absl::StatusOr<Kernel> Bf16Chain(int64_t n) {
   return kb.Finish();
 }
 
+constexpr ScalarType kBf16 = ScalarType::kBFloat16;
+
+absl::StatusOr<Kernel> RowSoftmaxBf16(int64_t cols) {
+  KernelBuilder kb("softmax bf16");
+  const Size n = kb.AddScalar(), c = Size::Const(cols);
+  const Buffer in = kb.AddBuffer(kBf16, Access::kRead, n * c);
+  const Buffer out = kb.AddBuffer(kBf16, Access::kWrite, n * c);
+  const Var row = kb.AddOuter(n), col = kb.AddReduce(c);
+  const Accumulator sm = kb.AddAccumulator(AccKind::kOnlineSoftmax, kF32);
+  const Index idx = ContiguousIndex({row, col}, {n, c});
+  kb.BeginPhase();
+  kb.Add(Accumulate(sm, Cast(kF32, Load(in, idx))));
+  kb.BeginPhase();
+  const ExprOr e = Exp(Sub(Cast(kF32, Load(in, idx)), AccRead(sm, AccField::kMax)));
+  kb.Add(Store(out, idx, Cast(kBf16, Div(e, AccRead(sm, AccField::kSum)))));
+  return kb.Finish();
+}
+
+absl::StatusOr<Kernel> LayerNormBf16(int64_t cols, float eps) {
+  KernelBuilder kb("layer_norm bf16");
+  const Size n = kb.AddScalar(), c = Size::Const(cols);
+  const Buffer x = kb.AddBuffer(kBf16, Access::kRead, n * c);
+  const Buffer w = kb.AddBuffer(kBf16, Access::kRead, c);
+  const Buffer b = kb.AddBuffer(kBf16, Access::kRead, c);
+  const Buffer out = kb.AddBuffer(kBf16, Access::kWrite, n * c);
+  const Var row = kb.AddOuter(n), col = kb.AddReduce(c);
+  const Accumulator wf = kb.AddAccumulator(AccKind::kWelford, kF32);
+  const Index idx = ContiguousIndex({row, col}, {n, c});
+  const Index cidx = MakeIndex(Size(), {{col, Size::Const(1)}});
+  const ExprOr var = Div(AccRead(wf, AccField::kM2), AccRead(wf, AccField::kCount));
+  const ExprOr r = Unary(UnaryOp::kRsqrt, Add(var, ConstFloat(kF32, eps)));
+  kb.BeginPhase();
+  kb.Add(Accumulate(wf, Cast(kF32, Load(x, idx))));
+  kb.BeginPhase();
+  const ExprOr normalized = Mul(Sub(Cast(kF32, Load(x, idx)), AccRead(wf, AccField::kMean)), r);
+  kb.Add(Store(out, idx,
+               Cast(kBf16, Add(Mul(normalized, Cast(kF32, Load(w, cidx))), Cast(kF32, Load(b, cidx))))));
+  return kb.Finish();
+}
+
+absl::StatusOr<Kernel> RmsNorm(int64_t cols, float eps, bool bf16) {
+  KernelBuilder kb(bf16 ? "rms_norm bf16" : "rms_norm");
+  const ScalarType t = bf16 ? kBf16 : kF32;
+  const Size n = kb.AddScalar(), c = Size::Const(cols);
+  const Buffer x = kb.AddBuffer(t, Access::kRead, n * c);
+  const Buffer w = kb.AddBuffer(t, Access::kRead, c);
+  const Buffer out = kb.AddBuffer(t, Access::kWrite, n * c);
+  const Var row = kb.AddOuter(n), col = kb.AddReduce(c);
+  const Accumulator sum = kb.AddAccumulator(AccKind::kSum, kF32);
+  const Index idx = ContiguousIndex({row, col}, {n, c});
+  const Index cidx = MakeIndex(Size(), {{col, Size::Const(1)}});
+  kb.BeginPhase();
+  kb.Add(Accumulate(sum, Mul(Cast(kF32, Load(x, idx)), Cast(kF32, Load(x, idx)))));
+  kb.BeginPhase();
+  const ExprOr mean = Div(AccRead(sum, AccField::kValue), ConstFloat(kF32, static_cast<double>(cols)));
+  const ExprOr r = Unary(UnaryOp::kRsqrt, Add(mean, ConstFloat(kF32, eps)));
+  const ExprOr scaled = Mul(Cast(kF32, Load(x, idx)), r);
+  kb.Add(Store(out, idx,
+               bf16 ? Cast(kBf16, Mul(Cast(kF32, Cast(kBf16, scaled)), Cast(kF32, Load(w, cidx))))
+                    : Mul(scaled, Load(w, cidx))));
+  return kb.Finish();
+}
+
+absl::StatusOr<Kernel> TransposeAddColumnMajor(int64_t rows, int64_t cols) {
+  KernelBuilder kb("transpose add, column-major output");
+  const Size r = Size::Const(rows), c = Size::Const(cols);
+  const Buffer a = kb.AddBuffer(kF32, Access::kRead, r * c);
+  const Buffer b = kb.AddBuffer(kF32, Access::kRead, r * c);
+  const Buffer out = kb.AddBuffer(kF32, Access::kWrite, r * c);
+  const Var i = kb.AddOuter(r), j = kb.AddOuter(c);
+  const Index column_major = MakeIndex(Size(), {{i, Size::Const(1)}, {j, r}});
+  kb.Add(Store(out, column_major, Add(Load(a, column_major), Load(b, ContiguousIndex({i, j}, {r, c})))));
+  return kb.Finish();
+}
+
 }  // namespace kiln::kernel::testing

@@ -32,6 +32,26 @@ absl::StatusOr<Kernel> ColumnSum(int64_t rows, int64_t cols);
 // one rounding at the store). Buffers: b0 = a, b1 = b, b2 = out.
 absl::StatusOr<Kernel> Bf16Chain(int64_t n);
 
+// The kernels kiln builds for real torch graphs at sizes the GPU benchmark measures (the IR of
+// `compile_graph --dump`), so that they can be checked and timed in isolation:
+// torch.softmax(x, -1) for bf16 x[n0, cols] (cast to f32 in, rounded to bf16 at the store).
+// Buffers: b0 = x, b1 = out. Scalars: n0 = rows.
+absl::StatusOr<Kernel> RowSoftmaxBf16(int64_t cols);
+
+// F.layer_norm(x, (cols,), w, b, eps) for bf16 x[n0, cols], w, b (statistics in f32; only `out`).
+// Buffers: b0 = x, b1 = w, b2 = b, b3 = out. Scalars: n0 = rows.
+absl::StatusOr<Kernel> LayerNormBf16(int64_t cols, float eps);
+
+// RMS norm fused into one row kernel (sum of squares in phase 0, the scaled row in phase 1):
+// f32: x * rsqrt(mean(x^2) + eps) * w; bf16 (LLaMA): bf16(f32(bf16(f32(x) * rsqrt(mean(f32(x)^2)
+// + eps))) * f32(w)). Buffers: b0 = x[n0, cols], b1 = w[cols], b2 = out. Scalars: n0 = rows.
+absl::StatusOr<Kernel> RmsNorm(int64_t cols, float eps, bool bf16);
+
+// torch's `a.t() + b` for a f32[cols, rows], b f32[rows, cols]: the output follows a.t()'s
+// layout (column-major), so the store is contiguous along o0 and b is read transposed. As
+// row-major buffers: out[cols, rows] = a + b.t(). Buffers: b0 = a, b1 = b, b2 = out.
+absl::StatusOr<Kernel> TransposeAddColumnMajor(int64_t rows, int64_t cols);
+
 }  // namespace kiln::kernel::testing
 
 #endif  // KILN_SERVER_KERNEL_TEST_KERNELS_H_

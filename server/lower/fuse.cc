@@ -189,6 +189,58 @@ class Fuser {
     member_phase_[v] = phase;
   }
 
+  // How a value on a path from a phase-epilogue candidate is indexed relative to the row group:
+  // kDomain: at the domain's index (its non-1 dims are the domain's, in order); kRow: at the
+  // row's index (the domain's non-reduced non-1 dims, in order); kOther: anything else.
+  enum class Along : uint8_t { kDomain, kRow, kOther };
+
+  // Whether the row group `gi` may compute `x` (of the group's domain shape) in a phase after its
+  // reductions: every path from x to a member of gi reads phase members at the domain's index
+  // and body members (row results) at the row's index, through same-shape elementwise edges,
+  // squeeze views, and broadcasts along exactly the reduced dims (x * rsqrt(mean(x^2) + eps)).
+  bool ReadsAlongRows(const LValue& x, int32_t gi) const {
+    const Group& gr = s_.groups[gi];
+    std::vector<int64_t> row_shape = gr.shape;
+    for (int d : gr.reduce_dims) row_shape[d] = 1;
+    for (int32_t in : x.inputs) {
+      if (!AlongRows(in, EdgeAlong(g_.values[in].sizes, x.sizes, Along::kDomain, gr.shape, row_shape), gi)) {
+        return false;
+      }
+    }
+    return true;
+  }
+
+  // The indexing of an input of sizes `in` read by an elementwise value of sizes `out`.
+  static Along EdgeAlong(const std::vector<int64_t>& in, const std::vector<int64_t>& out, Along along,
+                         const std::vector<int64_t>& domain, const std::vector<int64_t>& row_shape) {
+    if (along == Along::kOther) return along;
+    if (NonUnit(in) == NonUnit(out)) return along;  // the same elements in the same order
+    if (along != Along::kDomain || out != domain || in.size() > domain.size()) return Along::kOther;
+    std::vector<int64_t> padded(domain.size() - in.size(), 1);
+    padded.insert(padded.end(), in.begin(), in.end());
+    return padded == row_shape ? Along::kRow : Along::kOther;
+  }
+
+  bool AlongRows(int32_t v, Along along, int32_t gi) const {
+    const LValue& x = g_.values[v];
+    if (s_.group_of[v] == gi) {
+      return member_phase_[v] ? along == Along::kDomain : along == Along::kRow;
+    }
+    if (s_.group_of[v] >= 0 || IsStorageKind(x.kind)) return true;  // loaded from memory
+    const Group& gr = s_.groups[gi];
+    std::vector<int64_t> row_shape = gr.shape;
+    for (int d : gr.reduce_dims) row_shape[d] = 1;
+    if (x.kind == ValueKind::kView) {
+      const int32_t root = ViewRoot(g_, v);
+      return AlongRows(root, IsSqueezeView(g_, v) ? along : Along::kOther, gi);
+    }
+    if (x.kind != ValueKind::kPointwise) return false;
+    for (int32_t in : x.inputs) {
+      if (!AlongRows(in, EdgeAlong(g_.values[in].sizes, x.sizes, along, gr.shape, row_shape), gi)) return false;
+    }
+    return true;
+  }
+
   void PlacePointwise(int32_t v) {
     const LValue& x = g_.values[v];
     Reach r;
@@ -217,7 +269,11 @@ class Fuser {
           why = "reads a non-cheap member at another index (would compute it twice)";
         }
       } else if (!hit.identity || hit.placements.size() != 1) {
-        why = "reads the row op's result through a broadcast or view (needs another loop)";
+        if (x.sizes == gr.shape && ReadsAlongRows(x, gi)) {
+          phase = true;  // a broadcast of the row's results along the reduced dims (rms norm)
+        } else {
+          why = "reads the row op's result through a broadcast or view other than along the reduced dims";
+        }
       } else {
         phase = *hit.placements.begin();
         const auto& hs = g_.values[hit.values[0]].sizes;

@@ -19,7 +19,10 @@
 //      iteration spaces agree: a pointwise group of the same shape (unless it reads a non-cheap
 //      member through a view at another index: that would compute it twice); or a row group's body (shape
 //      of the reduction result) or phase 1 (the composite's domain), reached only through
-//      same-shape elementwise edges (the epilogue index must be the row op's own). Prologues
+//      same-shape elementwise edges (the epilogue index must be the row op's own); or, for a
+//      value of the domain's shape that reads the row's results only through broadcasts along
+//      exactly the reduced dims (x * rsqrt(mean(x^2) + eps) * w), a phase after the reductions
+//      (one kernel, x read once). Prologues
 //      are implicit: producers of a row op's input that are not realized are inlined into phase 0.
 //   4. Horizontal fusion: a reduction joins an earlier reduction group with the same domain and
 //      reduce dims that it does not read (sum with sum of squares; var_mean is one Welford).

@@ -250,16 +250,82 @@ TEST(FuseTest, NothingFusesAcrossMm) {
   EXPECT_TRUE(absl::StrContains(Log(r), "realize v2 (exp): read by step aten.mm.default")) << Log(r);
 }
 
-// Negative: a consumer that broadcasts a reduction over the row needs another loop.
-TEST(FuseTest, BroadcastOfReductionIsRefused) {
+// A consumer that broadcasts a reduction along the reduced dims is a phase epilogue of the row
+// kernel: x is read once (kept in registers on CUDA), the sum is never stored.
+TEST(FuseTest, BroadcastOfReductionAlongRowsIsAPhaseEpilogue) {
   GraphBuilder b;
   b.Input("x", C32({4, 8}))
       .Call("s", "aten.sum.dim_IntList", {Ref("x"), Ints({1}), B(true)}, C32({4, 1}))
       .Call("d", "aten.div.Tensor", {Ref("x"), Ref("s")}, C32({4, 8}))
       .Output({"d"});
   const Result r = Pipeline(b.Build());
+  EXPECT_TRUE(absl::StrContains(Log(r), "fuse v2 (div) into group 0 as a phase epilogue")) << Log(r);
+  ExpectGolden("sum_div", r.text, R"(kernel "group 0: sum+div"
+  scalars: 0
+  buffers: b0: f32 read [32], b1: f32 write [32]
+  outer: o0 < 4
+  reduce: r0 < 8
+  accumulators: a0: sum f32
+  phase 0:
+    a0 <- load(b0, 8*o0 + r0)
+  phase 1:
+    b1[8*o0 + r0] = true_div(load(b0, 8*o0 + r0), a0.value)
+  body:
+)");
+}
+
+// The same along dim 0 (a column sum): the broadcast is along the reduced dim, so it fuses too.
+TEST(FuseTest, BroadcastOfColumnReductionIsAPhaseEpilogue) {
+  GraphBuilder b;
+  b.Input("x", C32({4, 8}))
+      .Call("s", "aten.sum.dim_IntList", {Ref("x"), Ints({0}), B(true)}, C32({1, 8}))
+      .Call("d", "aten.div.Tensor", {Ref("x"), Ref("s")}, C32({4, 8}))
+      .Output({"d"});
+  const Result r = Pipeline(b.Build());
+  EXPECT_EQ(r.kernels.kernels.size(), 1u) << Log(r);
+  EXPECT_TRUE(absl::StrContains(r.text, "b1[o0 + 8*r0] = true_div(load(b0, o0 + 8*r0), a0.value)")) << r.text;
+}
+
+// RMS norm as written in models: x * rsqrt(mean(x^2, -1, keepdim) + eps) * w, one kernel.
+TEST(FuseTest, RmsNormGolden) {
+  GraphBuilder b;
+  b.Input("x", C32({6, 16})).Input("w", C32({16}))
+      .Call("sq", "aten.pow.Tensor_Scalar", {Ref("x"), I(2)}, C32({6, 16}))
+      .Call("ms", "aten.mean.dim", {Ref("sq"), Ints({-1}), B(true)}, C32({6, 1}))
+      .Call("eps", "aten.add.Tensor", {Ref("ms"), F(1e-6)}, C32({6, 1}))
+      .Call("rs", "aten.rsqrt.default", {Ref("eps")}, C32({6, 1}))
+      .Call("xn", "aten.mul.Tensor", {Ref("x"), Ref("rs")}, C32({6, 16}))
+      .Call("out", "aten.mul.Tensor", {Ref("xn"), Ref("w")}, C32({6, 16}))
+      .Output({"out"});
+  const Result r = Pipeline(b.Build());
+  EXPECT_EQ(r.kernels.kernels.size(), 1u) << Log(r);
+  EXPECT_EQ(r.plan.workspace_bytes(), 0);
+  ExpectGolden("rms_norm", r.text, R"(kernel "group 0: mean+mul"
+  scalars: 0
+  buffers: b0: f32 read [96], b1: f32 read [16], b2: f32 write [96]
+  outer: o0 < 6
+  reduce: r0 < 16
+  accumulators: a0: sum f32
+  phase 0:
+    a0 <- mul(load(b0, 16*o0 + r0), load(b0, 16*o0 + r0))
+  phase 1:
+    b2[16*o0 + r0] = mul(mul(load(b0, 16*o0 + r0), rsqrt(add(true_div(a0.value, 16:f32), 9.9999999747524271e-07:f32))), load(b1, r0))
+  body:
+)");
+}
+
+// Negative: broadcasting a row reduction along another dim (here through a transpose) would
+// read other rows' results: it needs another kernel.
+TEST(FuseTest, BroadcastOfReductionAcrossRowsIsRefused) {
+  GraphBuilder b;
+  b.Input("x", C32({4, 4}))
+      .Call("s", "aten.sum.dim_IntList", {Ref("x"), Ints({1}), B(true)}, C32({4, 1}))
+      .Call("st", "aten.permute.default", {Ref("s"), Ints({1, 0})}, C32({1, 4}, {1, 1}))
+      .Call("d", "aten.div.Tensor", {Ref("x"), Ref("st")}, C32({4, 4}))
+      .Output({"d"});
+  const Result r = Pipeline(b.Build());
   EXPECT_EQ(r.kernels.kernels.size(), 2u);
-  EXPECT_TRUE(absl::StrContains(Log(r), "refuse v2 (div) into group 0")) << Log(r);
+  EXPECT_TRUE(absl::StrContains(Log(r), "refuse v3 (div) into group 0")) << Log(r);
 }
 
 TEST(FuseTest, DisableFusionGivesOneKernelPerOp) {
