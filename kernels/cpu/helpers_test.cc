@@ -1,5 +1,6 @@
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -102,6 +103,26 @@ TEST(MathTest, VectorizableExpIsAccurate) {
   EXPECT_TRUE(std::isnan(kiln_cpu::exp(NAN)));
   EXPECT_EQ(kiln_cpu::exp(0.0f), 1.0f);
   EXPECT_EQ(kiln_cpu::exp(-120.0f), 0.0f);
+}
+
+TEST(MathTest, VectorizableErfIsAccurate) {
+  // 400k points over [-5, 5] and small magnitudes: within 1.5 ulp of the exact result (an
+  // exhaustive sweep over every float measured 1.016 ulp at worst).
+  const int kPoints = 400000;
+  for (int i = 0; i <= kPoints; ++i) {
+    for (const float x : {-5.0f + 10.0f * static_cast<float>(i) / kPoints,
+                          std::ldexp(1.0f + static_cast<float>(i) / kPoints, -(i % 130))}) {
+      const double want = std::erf(static_cast<double>(x));
+      const float wantf = static_cast<float>(want);
+      const double ulp = std::nextafter(std::fabs(wantf), INFINITY) - std::fabs(wantf);
+      ASSERT_LE(std::fabs(kiln_cpu::erf(x) - want) / ulp, 1.5) << x;
+    }
+  }
+  EXPECT_EQ(kiln_cpu::erf(INFINITY), 1.0f);
+  EXPECT_EQ(kiln_cpu::erf(-INFINITY), -1.0f);
+  EXPECT_EQ(kiln_cpu::erf(6.0f), 1.0f);
+  EXPECT_TRUE(std::signbit(kiln_cpu::erf(-0.0f)));
+  EXPECT_TRUE(std::isnan(kiln_cpu::erf(NAN)));
 }
 
 TEST(MathTest, CastsAndPow) {

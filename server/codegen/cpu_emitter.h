@@ -23,7 +23,8 @@
 // has unit stride whenever the IR's strides allow, so g++ -O3 vectorizes it. Row kernels run one
 // outer point per unit with the phases as loops inside: sum/prod phases under `omp simd
 // reduction`, Welford/online-softmax/max/min phases in `reduction_lanes` lanes (kiln_reduce.h)
-// plus a scalar tail. A 32-bit index type is used when every size is a constant that fits.
+// plus a scalar tail. Indices are 64-bit: the code is compiled with -fwrapv, under which a 32-bit
+// index may wrap, so g++ could not prove addresses affine and would not vectorize the loops.
 
 #include <cstdint>
 #include <map>
@@ -55,6 +56,10 @@ struct CpuSource {
 
 std::string CpuKernelSymbol(int index);  // "kiln_kernel_<index>"
 
+// The text every translation unit starts with when include_prelude is set: standard includes and
+// the helper prelude of kernels/cpu. The same for every graph, so server/toolchain precompiles it.
+const std::string& CpuSourcePrefix();
+
 absl::StatusOr<CpuSource> EmitCpuSource(absl::Span<const kernel::Kernel> kernels,
                                         const CpuEmitOptions& options = CpuEmitOptions());
 
@@ -70,6 +75,9 @@ class CpuKernelEmitter {
 
  protected:
   virtual void EmitFunction();
+  // Whether Emit() may choose 32-bit indices (idx32_) when every size is a constant that fits.
+  // No on CPUs (see the loop structure above); the CUDA emitter says yes.
+  virtual bool Allows32BitIndices() const { return false; }
   virtual std::string ValueType(kernel::ScalarType t) const;
   virtual std::string StorageType(kernel::ScalarType t) const;
   virtual std::string ConstCode(const kernel::ExprNode& e) const;

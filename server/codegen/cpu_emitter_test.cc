@@ -38,7 +38,7 @@ TEST(CpuEmitterGolden, BroadcastAddWithTransposedInput) {
   EXPECT_EQ(EmitOne(kt::BroadcastAddTransposed(64, 1024)), R"cc(// kiln_kernel_0: pointwise, 2 outer dims, 0 reduction dims, 0 phases
 extern "C" __attribute__((visibility("default"))) void kiln_kernel_0(void* const* kiln_buffers, const int64_t* kiln_scalars) {
   (void)kiln_scalars;
-  using idx_t = int32_t;
+  using idx_t = int64_t;
   const float* b0 = static_cast<const float*>(kiln_buffers[0]);
   const float* b1 = static_cast<const float*>(kiln_buffers[1]);
   float* b2 = static_cast<float*>(kiln_buffers[2]);
@@ -159,7 +159,7 @@ TEST(CpuEmitterGolden, ColumnReductionUsesOmpSimd) {
   EXPECT_EQ(EmitOne(kt::ColumnSum(100, 37)), R"cc(// kiln_kernel_0: rows, 1 outer dims, 1 reduction dims, 1 phases
 extern "C" __attribute__((visibility("default"))) void kiln_kernel_0(void* const* kiln_buffers, const int64_t* kiln_scalars) {
   (void)kiln_scalars;
-  using idx_t = int32_t;
+  using idx_t = int64_t;
   const float* b0 = static_cast<const float*>(kiln_buffers[0]);
   float* b1 = static_cast<float*>(kiln_buffers[1]);
   for (idx_t kiln_u = 0; kiln_u < 37; ++kiln_u) {
@@ -181,7 +181,7 @@ TEST(CpuEmitterGolden, Bf16ChainRoundsOnceAtTheStore) {
   EXPECT_EQ(EmitOne(kt::Bf16Chain(100000)), R"cc(// kiln_kernel_0: pointwise, 1 outer dims, 0 reduction dims, 0 phases
 extern "C" __attribute__((visibility("default"))) void kiln_kernel_0(void* const* kiln_buffers, const int64_t* kiln_scalars) {
   (void)kiln_scalars;
-  using idx_t = int32_t;
+  using idx_t = int64_t;
   const uint16_t* b0 = static_cast<const uint16_t*>(kiln_buffers[0]);
   const uint16_t* b1 = static_cast<const uint16_t*>(kiln_buffers[1]);
   uint16_t* b2 = static_cast<uint16_t*>(kiln_buffers[2]);

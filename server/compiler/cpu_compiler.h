@@ -26,10 +26,11 @@
 namespace kiln::compiler {
 
 // Bump when lowering, fusion or planning changes generated code or plans for the same graph.
-inline constexpr char kCpuCompilerVersion[] = "kiln-cpu-compiler/1";
+inline constexpr char kCpuCompilerVersion[] = "kiln-cpu-compiler/2";  // 2: 64-bit CPU indices
 
 struct CpuCompilerOptions {
-  // Compiler, time and memory limits; `march` is overwritten per request with target.cpu_isa.
+  // Compiler, time and memory limits, where precompiled headers live (pch_dir); `march` and
+  // `precompiled_prefix` (codegen::CpuSourcePrefix()) are set per request.
   toolchain::CompileOptions toolchain;
   codegen::CpuEmitOptions emit;
   // Optional: bounds concurrent compiles across requests (not owned).
