@@ -88,14 +88,18 @@ void CpuKernelEmitter::EmitFunction() {
   const std::string idx = idx32_ ? "int32_t" : "int64_t";
   // The body first (it decides which sizes are hoisted), then the head.
   PushScope();
+  const bool columns = UseColumnLayout();
   if (k_.is_pointwise()) {
     EmitPointwiseLoops();
+  } else if (columns) {
+    EmitColumnLoops();
   } else {
     EmitRowLoops();
   }
   PopScope();
   CodeWriter head;
-  head.Linef("// ", CpuKernelSymbol(index_), ": ", k_.is_pointwise() ? "pointwise" : "rows", ", ",
+  head.Linef("// ", CpuKernelSymbol(index_), ": ",
+             k_.is_pointwise() ? "pointwise" : columns ? "columns" : "rows", ", ",
              k_.outer.size(), " outer dims, ", k_.reduce.size(), " reduction dims, ",
              k_.phases.size(), " phases");
   head.Open(absl::StrCat("extern \"C\" __attribute__((visibility(\"default\"))) void ",
@@ -229,6 +233,43 @@ void CpuKernelEmitter::EmitRowLoops() {
 
 namespace {
 
+// The identity of a scalar accumulator of type `t`, or "" for kinds that are structs.
+std::string ScalarIdentity(AccKind kind, const std::string& t) {
+  switch (kind) {
+    case AccKind::kSum: return "0";
+    case AccKind::kProd: return "1";
+    case AccKind::kMax: return absl::StrCat("kiln_cpu::lowest<", t, ">()");
+    case AccKind::kMin: return absl::StrCat("kiln_cpu::highest<", t, ">()");
+    default: return "";
+  }
+}
+
+void CollectLoads(const Expr& e, std::vector<const ExprNode*>* out) {
+  if (e->kind == ExprKind::kLoad) out->push_back(e.get());
+  for (const Expr& a : e->args) CollectLoads(a, out);
+}
+
+bool DependsOnReduction(const Expr& e) {
+  if (e->kind == ExprKind::kLoopVar && e->var.kind == VarKind::kReduce) return true;
+  if (e->kind == ExprKind::kLoad) {
+    for (const IndexTerm& t : e->index.terms) {
+      if (t.var.kind == VarKind::kReduce) return true;
+    }
+  }
+  for (const Expr& a : e->args) {
+    if (DependsOnReduction(a)) return true;
+  }
+  return false;
+}
+
+// The stride of `var` in `index` (0 when the index does not use it).
+Size StrideOf(const Index& index, const Var& var) {
+  for (const IndexTerm& t : index.terms) {
+    if (t.var == var) return t.stride;
+  }
+  return Size::Const(0);
+}
+
 // The lane helper for an accumulator kind, or nullptr if the kind has none.
 const char* LanesName(AccKind k) {
   switch (k) {
@@ -242,12 +283,117 @@ const char* LanesName(AccKind k) {
 
 }  // namespace
 
+void CpuKernelEmitter::HoistInvariantExpr(const Expr& e) {
+  switch (e->kind) {
+    case ExprKind::kConst: case ExprKind::kScalar: case ExprKind::kLoopVar: case ExprKind::kAccRead:
+      return;  // already names or literals
+    default: break;
+  }
+  if (!DependsOnReduction(e)) {
+    ExprCode(e);
+    return;
+  }
+  for (const Expr& a : e->args) HoistInvariantExpr(a);
+}
+
+void CpuKernelEmitter::HoistInvariants(const std::vector<Stmt>& stmts) {
+  for (const Stmt& s : stmts) HoistInvariantExpr(s.value);
+}
+
+bool CpuKernelEmitter::UseColumnLayout() const {
+  if (options_.column_block <= 1 || k_.is_pointwise() || k_.outer.empty() || k_.reduce.empty() ||
+      k_.phases.size() != 1) {
+    return false;
+  }
+  for (const Accumulator& a : k_.accumulators) {
+    if (ScalarIdentity(a.kind, "").empty()) return false;
+  }
+  const absl::optional<int64_t> width = k_.outer.back().AsConst();
+  if (width && *width < 16) return false;  // too narrow to fill a vector
+  const Var o_last{VarKind::kOuter, static_cast<int32_t>(k_.outer.size() - 1)};
+  const Var r_last{VarKind::kReduce, static_cast<int32_t>(k_.reduce.size() - 1)};
+  int across = 0;  // loads contiguous across outer points, strided along the reduction
+  for (const Stmt& s : k_.phases[0].stmts) {
+    std::vector<const ExprNode*> loads;
+    CollectLoads(s.value, &loads);
+    for (const ExprNode* load : loads) {
+      const Size so = StrideOf(load->index, o_last);
+      const Size sr = StrideOf(load->index, r_last);
+      if (sr.is_const(1) && !so.is_const(0)) return false;  // a row layout reads it contiguously
+      if (so.is_const(1) && !sr.is_const(0)) ++across;
+    }
+  }
+  return across > 0;
+}
+
+void CpuKernelEmitter::EmitColumnLoops() {
+  const int last = static_cast<int>(k_.outer.size()) - 1;
+  const int m = static_cast<int>(k_.reduce.size());
+  const Size& inner = k_.outer[last];
+  const Size rows = Product(k_.outer, 0, last);
+  const std::string inner_code = SizeCode(inner);
+  const absl::optional<int64_t> inner_c = inner.AsConst();
+  const absl::optional<int64_t> rows_c = rows.AsConst();
+  int64_t block = options_.column_block;
+  while (block > 16 && inner_c && rows_c && *rows_c * ((*inner_c + block - 1) / block) < 8) {
+    block /= 2;  // narrow: smaller blocks, so that several threads get units
+  }
+  const std::string blocks =
+      inner_c ? absl::StrCat((*inner_c + block - 1) / block)
+              : absl::StrCat("((", inner_code, " + ", block - 1, ") / ", block, ")");
+  w_.Linef("const idx_t kiln_blocks = ", blocks, ";");
+  const std::string pragma =
+      ParallelPragma(rows * inner * Product(k_.reduce, 0, k_.reduce.size()));
+  if (!pragma.empty()) w_.Raw(pragma);
+  w_.Open(absl::StrCat("for (idx_t kiln_u = 0; kiln_u < ",
+                       rows.is_const(1) ? "kiln_blocks" : absl::StrCat(SizeCode(rows), " * kiln_blocks"),
+                       "; ++kiln_u)"));
+  w_.Line("const idx_t kiln_block = kiln_u % kiln_blocks;");
+  if (last > 0) EmitDecompose("kiln_u / kiln_blocks", last);
+  w_.Linef("const idx_t kiln_begin = kiln_block * ", block, ";");
+  w_.Linef("const idx_t kiln_end = std::min<idx_t>(kiln_begin + ", block, ", ", inner_code, ");");
+  for (const Accumulator& a : k_.accumulators) {
+    const std::string t = ValueType(a.dtype);
+    w_.Linef(t, " acc", a.id, "_c[", block, "];");
+    w_.Linef("for (int kiln_j = 0; kiln_j < ", block, "; ++kiln_j) acc", a.id, "_c[kiln_j] = ",
+             ScalarIdentity(a.kind, t), ";");
+  }
+  const std::string o = absl::StrCat("o", last);
+  const std::string points = absl::StrCat("for (idx_t ", o, " = kiln_begin; ", o, " < kiln_end; ++",
+                                          o, ")");
+  w_.Line("// phase 0 (columns)");
+  for (int i = 0; i < m; ++i) {
+    w_.Open(absl::StrCat("for (idx_t r", i, " = 0; r", i, " < ", SizeCode(k_.reduce[i]), "; ++r",
+                         i, ")"));
+  }
+  w_.Open(points);
+  w_.Linef("const idx_t kiln_j = ", o, " - kiln_begin;");
+  column_mode_ = true;
+  PushScope();
+  for (const Stmt& s : k_.phases[0].stmts) EmitStmt(s);
+  PopScope();
+  column_mode_ = false;
+  for (int i = 0; i <= m; ++i) w_.Close();
+  w_.Open(points);
+  w_.Linef("const idx_t kiln_j = ", o, " - kiln_begin;");
+  for (const Accumulator& a : k_.accumulators) {
+    w_.Linef("const ", ValueType(a.dtype), " acc", a.id, " = acc", a.id, "_c[kiln_j];");
+  }
+  PushScope();
+  for (const Stmt& s : k_.body) EmitStmt(s);
+  PopScope();
+  w_.Close();
+  w_.Close();
+}
+
 void CpuKernelEmitter::EmitLanePhase(size_t p) {
   const std::vector<Stmt>& stmts = k_.phases[p].stmts;
   const int lanes = options_.reduction_lanes;
   const int m = static_cast<int>(k_.reduce.size());
   w_.Linef("// phase ", p, " (", lanes, " lanes)");
   w_.Open("");
+  PushScope();  // the hoisted values live in this block
+  HoistInvariants(stmts);
   std::vector<int> accs;
   for (const Stmt& s : stmts) {
     if (s.kind == StmtKind::kAccumulate &&
@@ -282,6 +428,7 @@ void CpuKernelEmitter::EmitLanePhase(size_t p) {
   w_.Close();
   for (int i = 0; i < m - 1; ++i) w_.Close();
   for (int id : accs) w_.Linef("acc", id, "_l.CombineInto(acc", id, ");");
+  PopScope();
   w_.Close();
 }
 
@@ -317,6 +464,7 @@ void CpuKernelEmitter::EmitPhase(size_t p) {
   }
   w_.Linef("// phase ", p);
   const int m = static_cast<int>(k_.reduce.size());
+  HoistInvariants(stmts);
   if (m == 0) w_.Open("");
   // A single row (a full reduction) would run on one thread: split its outermost reduction loop
   // across threads instead (sum/prod only; the result then depends on the thread count, as
@@ -359,6 +507,17 @@ void CpuKernelEmitter::EmitStmt(const Stmt& s) {
   const int id = s.acc.id;
   if (lane_mode_) {
     w_.Linef("acc", id, "_l.Update(kiln_lane, ", v, ");");
+    return;
+  }
+  if (column_mode_) {
+    const std::string a = absl::StrCat("acc", id, "_c[kiln_j]");
+    switch (s.acc.kind) {
+      case AccKind::kSum: w_.Linef(a, " += ", v, ";"); break;
+      case AccKind::kProd: w_.Linef(a, " *= ", v, ";"); break;
+      case AccKind::kMax: w_.Linef(a, " = kiln_cpu::maximum(", a, ", ", v, ");"); break;
+      case AccKind::kMin: w_.Linef(a, " = kiln_cpu::minimum(", a, ", ", v, ");"); break;
+      default: break;  // UseColumnLayout admits scalar accumulators only
+    }
     return;
   }
   switch (s.acc.kind) {

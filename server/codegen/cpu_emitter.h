@@ -23,7 +23,12 @@
 // has unit stride whenever the IR's strides allow, so g++ -O3 vectorizes it. Row kernels run one
 // outer point per unit with the phases as loops inside: sum/prod phases under `omp simd
 // reduction`, Welford/online-softmax/max/min phases in `reduction_lanes` lanes (kiln_reduce.h)
-// plus a scalar tail. Indices are 64-bit: the code is compiled with -fwrapv, under which a 32-bit
+// plus a scalar tail. Column kernels (one phase of sum/prod/max/min accumulators whose loads are
+// contiguous across the last outer dim and not along the innermost reduction dim, e.g. the column
+// sums of a backward pass) instead run a block of `column_block` consecutive outer points per
+// unit: the reduction loops outside, the block's points inside (vectorized), one accumulator
+// array per block; so memory is read row by row instead of one strided column at a time.
+// Indices are 64-bit: the code is compiled with -fwrapv, under which a 32-bit
 // index may wrap, so g++ could not prove addresses affine and would not vectorize the loops.
 
 #include <cstdint>
@@ -46,6 +51,8 @@ struct CpuEmitOptions {
   // part of their innermost loop in this many independent lanes (vectorized), then combine; 0 or
   // 1 disables.
   int reduction_lanes = 16;
+  // Outer points per unit of a column kernel (see above); 0 or 1 disables the column layout.
+  int column_block = 64;
 };
 
 struct CpuSource {
@@ -98,11 +105,19 @@ class CpuKernelEmitter {
   virtual std::string LoadCode(const kernel::Buffer& b, const std::string& index) const;
   void EmitStmt(const kernel::Stmt& s);
   void EmitLanePhase(size_t p);
+  // Emits, in the current scope, the largest subexpressions of `stmts` that do not depend on a
+  // reduction variable (loads indexed by outer variables only, accumulators of earlier phases),
+  // so that a phase's loops reload nothing per iteration. Legal because a kernel never stores to
+  // an element it loads (kernel_ir.h).
+  void HoistInvariants(const std::vector<kernel::Stmt>& stmts);
+  void HoistInvariantExpr(const kernel::Expr& e);
   void PushScope() { scopes_.emplace_back(); }
   void PopScope() { scopes_.pop_back(); }
 
   void EmitPointwiseLoops();
   void EmitRowLoops();
+  bool UseColumnLayout() const;
+  void EmitColumnLoops();
   void EmitPhase(size_t p);
   void EmitDecompose(const std::string& unit, int num_dims);
   std::string ParallelPragma(const kernel::Size& work);
@@ -115,6 +130,7 @@ class CpuKernelEmitter {
   CodeWriter w_{1};        // the function body after the declarations
   std::string result_;     // the whole function, set by EmitFunction
   bool lane_mode_ = false;  // Accumulate statements update the lanes (acc<k>_l)
+  bool column_mode_ = false;  // Accumulate statements update acc<k>_c[kiln_j]
   int next_size_ = 0;
   int next_value_ = 0;
   std::map<std::string, std::string> sizes_;  // Size text -> hoisted name
