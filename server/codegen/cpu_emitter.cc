@@ -411,9 +411,9 @@ void CpuKernelEmitter::EmitLanePhase(size_t p) {
   const std::string extent = SizeCode(k_.reduce[m - 1]);
   w_.Linef("const idx_t kiln_full = ", extent, " - ", extent, " % ", lanes, ";");
   w_.Open(absl::StrCat("for (idx_t kiln_base = 0; kiln_base < kiln_full; kiln_base += ", lanes, ")"));
-  w_.Open(absl::StrCat("for (idx_t ", last, " = kiln_base; ", last, " < kiln_base + ", lanes, "; ++",
-                       last, ")"));
-  w_.Linef("const int kiln_lane = static_cast<int>(", last, " - kiln_base);");
+  // A constant trip count (kiln_base + lanes could wrap under -fwrapv): one vector per iteration.
+  w_.Open(absl::StrCat("for (int kiln_lane = 0; kiln_lane < ", lanes, "; ++kiln_lane)"));
+  w_.Linef("const idx_t ", last, " = kiln_base + kiln_lane;");
   lane_mode_ = true;
   PushScope();
   for (const Stmt& s : stmts) EmitStmt(s);

@@ -73,8 +73,8 @@ extern "C" __attribute__((visibility("default"))) void kiln_kernel_0(void* const
       kiln_cpu::OnlineSoftmaxLanes<float, 16> acc0_l;
       const idx_t kiln_full = 1000 - 1000 % 16;
       for (idx_t kiln_base = 0; kiln_base < kiln_full; kiln_base += 16) {
-        for (idx_t r0 = kiln_base; r0 < kiln_base + 16; ++r0) {
-          const int kiln_lane = static_cast<int>(r0 - kiln_base);
+        for (int kiln_lane = 0; kiln_lane < 16; ++kiln_lane) {
+          const idx_t r0 = kiln_base + kiln_lane;
           const float v0 = b0[o0 * 1000 + r0];
           acc0_l.Update(kiln_lane, v0);
         }
@@ -119,8 +119,8 @@ extern "C" __attribute__((visibility("default"))) void kiln_kernel_0(void* const
       kiln_cpu::WelfordLanes<float, 16> acc0_l;
       const idx_t kiln_full = 768 - 768 % 16;
       for (idx_t kiln_base = 0; kiln_base < kiln_full; kiln_base += 16) {
-        for (idx_t r0 = kiln_base; r0 < kiln_base + 16; ++r0) {
-          const int kiln_lane = static_cast<int>(r0 - kiln_base);
+        for (int kiln_lane = 0; kiln_lane < 16; ++kiln_lane) {
+          const idx_t r0 = kiln_base + kiln_lane;
           const float v0 = b0[o0 * 768 + r0];
           acc0_l.Update(kiln_lane, v0);
         }
