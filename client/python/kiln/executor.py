@@ -34,6 +34,7 @@ A plan that breaks these rules raises PlanError at load, or at run time when it 
 """
 
 import logging
+import threading
 
 import torch
 
@@ -112,6 +113,7 @@ class PlanExecutor:
             self._constants.append(tensor.detach())
         # Steps.
         self._steps = []  # ("aten", op, args, kwargs, outputs, node) | ("kernels", [(k, args, scalars)])
+        self._local = threading.local()  # per thread: prepared kiln.runtime.Batch per kernel run
         self._kernel_consumers = set()
         has_kernels = any(s.WhichOneof("kind") == "kernel" for s in plan.steps)
         self._runtime = None
@@ -139,12 +141,26 @@ class PlanExecutor:
             if not -1 <= o < n:
                 raise PlanError(f"plan output v{o} does not exist")
         out_nodes = [node for node in graph.nodes if node.op == proto.Node.OP_OUTPUT]
+        # Sizes and strides that need no symbols, evaluated once: (sizes, strides) or None.
+        self._static_meta = [self._const_meta(v.meta) for v in self.values]
+        self._device_kind = [PB_TO_DEVICE.get(v.meta.device.kind, "cpu") if v.meta.HasField("device")
+                             else None for v in self.values]
         self._output_metas = []
         if out_nodes and out_nodes[0].args and out_nodes[0].args[0].HasField("list"):
             by_name = {node.name: node for node in graph.nodes}
             for a in out_nodes[0].args[0].list.items:
                 node = by_name.get(a.node) if a.WhichOneof("value") == "node" else None
                 self._output_metas.append((a, node.meta if node is not None else None))
+
+    @staticmethod
+    def _const_meta(m):
+        if any(x.WhichOneof("value") == "expr" for x in list(m.sizes) + list(m.strides)):
+            return None
+        sizes = [x.constant for x in m.sizes]
+        strides = [x.constant for x in m.strides]
+        if len(strides) != len(sizes):
+            return None
+        return sizes, strides
 
     def _root_of(self, i):
         while self.values[i].storage == _PV.STORAGE_VIEW:
@@ -268,6 +284,9 @@ class _Run:
         return eval_symint(pb, self.symbols)
 
     def meta_of(self, i):
+        static = self.ex._static_meta[i]
+        if static is not None:
+            return static[0], static[1], 0  # (storage offsets are not used for allocation)
         m = self.ex.values[i].meta
         sizes = [self.size(s) for s in m.sizes]
         strides = [self.size(s) for s in m.strides]
@@ -276,8 +295,7 @@ class _Run:
         return sizes, strides, (self.size(m.storage_offset) if m.HasField("storage_offset") else 0)
 
     def device_of(self, i):
-        m = self.ex.values[i].meta
-        kind = PB_TO_DEVICE.get(m.device.kind, "cpu") if m.HasField("device") else None
+        kind = self.ex._device_kind[i]
         if kind in (None, "meta"):
             return self.device or torch.device("cpu")
         if self.device is not None and self.device.type == kind:
@@ -377,14 +395,20 @@ class _Run:
                 self.get(o).copy_(r)
 
     def kernels(self, batch):
-        runtime = self.ex._runtime
-        calls = []
-        for module, kernel, args, scalars in batch:
-            buffers = [self.get(a).data_ptr() for a in args]
-            values = []
+        local = self.ex._local
+        prepared = getattr(local, "batches", None)
+        if prepared is None:
+            prepared = local.batches = {}
+        run = prepared.get(id(batch))
+        if run is None:
+            run = prepared[id(batch)] = self.ex._runtime.prepare(
+                [(module, kernel, len(args), len(scalars)) for module, kernel, args, scalars in batch])
+        get, symbols = self.get, self.symbols
+        buffers = [get(a).data_ptr() for _, _, args, _ in batch for a in args]
+        values = []
+        for _, _, _, scalars in batch:
             for s in scalars:
-                if s not in self.symbols:
+                if s not in symbols:
                     raise PlanError(f"kernel scalar argument: symbol {s} has no value")
-                values.append(self.symbols[s])
-            calls.append((module, kernel, buffers, values))
-        runtime.run(calls)
+                values.append(symbols[s])
+        run.run(buffers, values)

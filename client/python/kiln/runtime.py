@@ -137,6 +137,11 @@ class Runtime:
         self._check(self.lib.kiln_module_load(buf, len(data), ctypes.byref(handle)), "loading a binary")
         return Module(self, handle)
 
+    def prepare(self, calls):
+        """calls: [(module, kernel index, number of buffers, number of scalars)]: a Batch that runs
+        them with new buffer pointers and scalars per call, without building ctypes objects."""
+        return Batch(self, calls)
+
     def run(self, calls):
         """calls: [(module, kernel index, [buffer pointers], [int64 scalars])]; consecutive calls
         of one module go to kiln_run_steps together."""
@@ -157,6 +162,51 @@ class Runtime:
                 s.scalars = ctypes.cast(c, ctypes.POINTER(ctypes.c_int64))
             self._check(self.lib.kiln_run_steps(group[0][0]._handle, steps, len(group)), "running kernels")
             i = j
+
+
+class Batch:
+    """Consecutive kernel calls prepared once (Runtime.prepare): the step tables point into one
+    flat pointer array and one flat scalar array that each run() overwrites, so a run costs a
+    slice assignment and one kiln_run_steps per module. Not for concurrent use: callers keep one
+    per thread."""
+
+    def __init__(self, runtime, calls):
+        self._rt = runtime
+        self._run_steps = runtime.lib.kiln_run_steps
+        nb = sum(c[2] for c in calls)
+        ns = sum(c[3] for c in calls)
+        self._nb, self._ns = nb, ns
+        self._ptrs = (ctypes.c_void_p * max(nb, 1))()
+        self._scalars = (ctypes.c_int64 * max(ns, 1))()
+        pbase, sbase = ctypes.addressof(self._ptrs), ctypes.addressof(self._scalars)
+        ptr_t, int_t = ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_int64)
+        self._groups = []  # (module, steps, count); modules kept alive here
+        b = s = 0
+        i = 0
+        while i < len(calls):
+            j = i
+            while j < len(calls) and calls[j][0] is calls[i][0]:
+                j += 1
+            steps = (_Step * (j - i))()
+            for step, (_, kernel, num_buffers, num_scalars) in zip(steps, calls[i:j]):
+                step.kernel, step.reserved = kernel, 0
+                step.buffers = ctypes.cast(pbase + 8 * b, ptr_t)
+                step.scalars = ctypes.cast(sbase + 8 * s, int_t)
+                b += num_buffers
+                s += num_scalars
+            self._groups.append((calls[i][0], steps, j - i))
+            i = j
+
+    def run(self, buffers, scalars=()):
+        """buffers: every call's buffer pointers in order (ints); scalars likewise."""
+        if self._nb:
+            self._ptrs[:self._nb] = buffers
+        if self._ns:
+            self._scalars[:self._ns] = scalars
+        for module, steps, count in self._groups:
+            code = self._run_steps(module._handle, steps, count)
+            if code != 0:
+                self._rt._check(code, "running kernels")
 
 
 _LOCK = threading.Lock()
