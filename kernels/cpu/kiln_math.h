@@ -58,23 +58,30 @@ inline T sign(T x) {
   return static_cast<T>((T(0) < x) - (x < T(0)));
 }
 
-// exp for float that g++/clang vectorize without -ffast-math (glibc's expf is a scalar call):
-// Cody-Waite range reduction, the Cephes polynomial (max error about 1 ulp in the normal range),
-// and a two-step scaling by 2^k so that overflow gives inf and underflow goes through subnormals
-// to 0. exp(NaN) = NaN, exp(-inf) = 0, exp(inf) = inf. Branch-free on purpose.
-inline float exp(float x) {
-  const float xc = x < -110.0f ? -110.0f : (x > 88.8f ? 88.8f : x);  // NaN passes through
+// Cody-Waite range reduction and the Cephes polynomial shared by exp and erf: for x in about
+// [-110, 88.8], sets *k = round(x / ln2) and returns e^(x - k ln2) (about 1 ulp).
+inline float exp_reduced(float x, float* k) {
   // Round x / ln2 to the nearest integer with the 1.5 * 2^23 trick (exact in default rounding).
-  const float k = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-  float r = xc - k * 0.693359375f;
-  r = r + k * 2.12194440e-4f;
+  *k = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  float r = x - *k * 0.693359375f;
+  r = r + *k * 2.12194440e-4f;
   float p = 1.9875691500e-4f;
   p = p * r + 1.3981999507e-3f;
   p = p * r + 8.3334519073e-3f;
   p = p * r + 4.1665795894e-2f;
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
-  const float y = p * r * r + r + 1.0f;
+  return p * r * r + r + 1.0f;
+}
+
+// exp for float that g++/clang vectorize without -ffast-math (glibc's expf is a scalar call):
+// exp_reduced (max error about 1 ulp in the normal range) and a two-step scaling by 2^k so that
+// overflow gives inf and underflow goes through subnormals to 0. exp(NaN) = NaN, exp(-inf) = 0,
+// exp(inf) = inf. Branch-free on purpose.
+inline float exp(float x) {
+  const float xc = x < -110.0f ? -110.0f : (x > 88.8f ? 88.8f : x);  // NaN passes through
+  float k;
+  const float y = exp_reduced(xc, &k);
   const int32_t ki = static_cast<int32_t>(k);
   const int32_t k1 = ki / 2;
   const int32_t k2 = ki - k1;
@@ -87,8 +94,9 @@ inline double exp(double x) { return std::exp(x); }
 
 // erf for float that g++/clang vectorize (glibc's erff is a scalar call, ~20x slower than the
 // rest of a GELU): both of N. Juffa's minimax polynomials are evaluated and one is selected,
-// x + x * p(x^2) for |x| <= 0.9277 and 1 - exp(q(|x|)) with x's sign above. An exhaustive sweep over every
-// float measured 1.016 ulp at worst (no FMA contraction). erf(NaN) = NaN, erf(+-inf) = +-1.
+// x + x * p(x^2) for |x| <= 0.9277 and 1 - exp(q(|x|)) with x's sign above. q <= -0.9, so exp
+// needs one scaling, and values below 2^-126 are 0 (they vanish next to 1). An exhaustive sweep
+// over every float measured 1.016 ulp at worst. erf(NaN) = NaN, erf(+-inf) = +-1.
 inline float erf(float x) {
   const float t = std::fabs(x);
   const float s = x * x;
@@ -98,7 +106,11 @@ inline float erf(float x) {
   q = q * t - 6.34846687e-1f;
   q = q * t - 1.28717512e-1f;
   q = q * t - t;
-  const float large = std::copysign(1.0f - kiln_cpu::exp(q), x);
+  float k;
+  const float y = exp_reduced(q > -104.0f ? q : -104.0f, &k);  // NaN: the small branch is taken
+  const int32_t ki = static_cast<int32_t>(k);
+  const float e = ki > -126 ? y * bits_to_f32(static_cast<uint32_t>(ki + 127) << 23) : 0.0f;
+  const float large = std::copysign(1.0f - e, x);
   float p = -5.96761703e-4f;
   p = p * s + 4.99119423e-3f;
   p = p * s - 2.67681349e-2f;
