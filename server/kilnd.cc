@@ -276,7 +276,6 @@ int Run(int argc, char** argv) {
   cpu_options.toolchain.compiler = absl::GetFlag(FLAGS_cxx);
   cpu_options.toolchain.timeout = absl::GetFlag(FLAGS_compile_timeout);
   cpu_options.toolchain.memory_limit_bytes = absl::GetFlag(FLAGS_compile_memory_limit_bytes);
-  cpu_options.toolchain.pch_dir = cache_dir + "/pch";  // precompiled prelude, per compiler and flags
   toolchain::CompilePool compile_pool(absl::GetFlag(FLAGS_compile_workers));
   cpu_options.pool = &compile_pool;
   absl::StatusOr<std::map<std::string, std::string>> cpu_identity =

@@ -219,6 +219,16 @@ TEST(EmbeddedTest, PreludeHoldsEveryHeaderWithoutLocalIncludes) {
   EXPECT_NE(prelude.find("struct OnlineSoftmax"), std::string::npos);
   EXPECT_EQ(prelude.find("#include \""), std::string::npos);
   EXPECT_LT(prelude.find("KILN_KERNELS_CPU_KILN_HALF_H_"), prelude.find("struct Welford"));
+  EXPECT_LT(prelude.find("KILN_KERNELS_CPU_KILN_BASE_H_"), prelude.find("KILN_KERNELS_CPU_KILN_HALF_H_"));
+}
+
+TEST(EmbeddedTest, PreludeIncludesNoHeavyStandardHeaders) {
+  // Parsing <cmath>, <algorithm>, <limits> cost ~2/3 of a small graph's compile (kiln_base.h).
+  const std::string prelude = kiln::kernels::CpuPrelude();
+  for (size_t at = prelude.find("#include <"); at != std::string::npos;
+       at = prelude.find("#include <", at + 1)) {
+    EXPECT_EQ(prelude.compare(at, 18, "#include <cstdint>"), 0) << prelude.substr(at, 40);
+  }
 }
 
 }  // namespace

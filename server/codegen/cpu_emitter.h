@@ -63,10 +63,6 @@ struct CpuSource {
 
 std::string CpuKernelSymbol(int index);  // "kiln_kernel_<index>"
 
-// The text every translation unit starts with when include_prelude is set: standard includes and
-// the helper prelude of kernels/cpu. The same for every graph, so server/toolchain precompiles it.
-const std::string& CpuSourcePrefix();
-
 absl::StatusOr<CpuSource> EmitCpuSource(absl::Span<const kernel::Kernel> kernels,
                                         const CpuEmitOptions& options = CpuEmitOptions());
 

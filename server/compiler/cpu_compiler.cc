@@ -97,7 +97,6 @@ absl::StatusOr<CompileResult> CpuGraphCompiler::Compile(const graph::PreparedGra
   if (!ir.empty()) {
     toolchain::CompileOptions tc = options_.toolchain;
     tc.march = target.cpu_isa();
-    if (options_.emit.include_prelude) tc.precompiled_prefix = codegen::CpuSourcePrefix();
     const int64_t ms = request.options().compile_timeout_ms();
     if (ms > 0 && absl::Milliseconds(ms) < tc.timeout) tc.timeout = absl::Milliseconds(ms);
     absl::StatusOr<toolchain::CompiledBinary> bin =

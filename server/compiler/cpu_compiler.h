@@ -29,8 +29,7 @@ namespace kiln::compiler {
 inline constexpr char kCpuCompilerVersion[] = "kiln-cpu-compiler/2";  // 2: 64-bit CPU indices
 
 struct CpuCompilerOptions {
-  // Compiler, time and memory limits, where precompiled headers live (pch_dir); `march` and
-  // `precompiled_prefix` (codegen::CpuSourcePrefix()) are set per request.
+  // Compiler, time and memory limits; `march` is overwritten per request with target.cpu_isa.
   toolchain::CompileOptions toolchain;
   codegen::CpuEmitOptions emit;
   // Optional: bounds concurrent compiles across requests (not owned).

@@ -3,12 +3,10 @@
 #include <stdlib.h>
 #include <unistd.h>
 
-#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <set>
 #include <sstream>
 
 #include "absl/strings/match.h"
@@ -78,89 +76,6 @@ bool LooksOutOfMemory(const std::string& log) {
          absl::StrContains(log, "out of memory") || absl::StrContains(log, "std::bad_alloc") ||
          absl::StrContains(log, "Cannot allocate memory") ||
          absl::StrContains(log, "cannot allocate");
-}
-
-bool IsLinkFlag(const std::string& flag) {
-  return flag == "-shared" || flag == "-nodefaultlibs" || absl::StartsWith(flag, "-l");
-}
-
-// FNV-1a (64 bits) of the parts, each followed by a 0 byte: a stable name for a PCH directory.
-// Not a security boundary: the directory's header text is compared with the prefix before use.
-std::string StableHashHex(const std::vector<absl::string_view>& parts) {
-  uint64_t h = 14695981039346656037ull;
-  for (absl::string_view part : parts) {
-    for (const char c : part) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
-    h *= 1099511628211ull;
-  }
-  char buf[17];
-  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(h));
-  return buf;
-}
-
-constexpr char kPchHeader[] = "kiln_prelude.h";
-
-// The header to -include for `options.precompiled_prefix` under `flags`, building its PCH on first
-// use; "" when there is none (no pch_dir or prefix, not g++, or precompiling failed).
-std::string PrecompiledHeader(const std::string& program, const std::string& compiler_id,
-                              const std::vector<std::string>& flags, const CompileOptions& options) {
-  if (options.pch_dir.empty() || options.precompiled_prefix.empty() ||
-      absl::StrContains(options.compiler, "clang")) {
-    return "";
-  }
-  const std::string& prefix = options.precompiled_prefix;
-  std::error_code ec;
-  const std::string root = std::filesystem::absolute(options.pch_dir, ec).string();  // for -include
-  if (ec) return "";
-  const std::string dir = absl::StrCat(
-      root, "/", StableHashHex({program, compiler_id, absl::StrJoin(flags, " "), prefix}));
-  const std::string header = absl::StrCat(dir, "/", kPchHeader);
-  auto usable = [&] {
-    std::error_code ec;
-    if (!std::filesystem::exists(header + ".gch", ec)) return false;
-    absl::StatusOr<std::string> text = ReadFile(header, prefix.size() + 1);
-    return text.ok() && *text == prefix;
-  };
-  static absl::Mutex mu(absl::kConstInit);
-  static auto* failed = new std::set<std::string>();
-  absl::MutexLock lock(&mu);  // one build at a time; the others wait for it and use it
-  if (failed->count(dir) != 0) return "";
-  if (usable()) return header;
-  std::filesystem::create_directories(root, ec);
-  absl::StatusOr<TempDir> tmp = TempDir::Make(root);
-  if (!tmp.ok()) return "";
-  const std::string tmp_header = absl::StrCat(tmp->path(), "/", kPchHeader);
-  {
-    std::ofstream f(tmp_header, std::ios::binary);
-    f.write(prefix.data(), static_cast<std::streamsize>(prefix.size()));
-    if (!f) return "";
-  }
-  std::vector<std::string> argv = {program};
-  for (const std::string& flag : flags) {
-    if (!IsLinkFlag(flag)) argv.push_back(flag);
-  }
-  argv.insert(argv.end(), {"-x", "c++-header", tmp_header, "-o", tmp_header + ".gch"});
-  ProcessOptions po;
-  po.cwd = tmp->path();
-  po.output_path = absl::StrCat(tmp->path(), "/pch.log");
-  po.env = ChildEnv(tmp->path());
-  po.timeout = options.timeout;
-  po.memory_bytes = options.memory_limit_bytes;
-  absl::StatusOr<ProcessResult> r = RunProcess(argv, po);
-  if (!r.ok() || !r->ok()) {
-    failed->insert(dir);
-    return "";
-  }
-  std::filesystem::remove(po.output_path, ec);
-  std::filesystem::remove_all(dir, ec);  // a stale or damaged one
-  std::filesystem::rename(tmp->path(), dir, ec);
-  return !ec && usable() ? header : "";
-}
-
-void RemovePrecompiledHeader(const std::string& header) {
-  static absl::Mutex mu(absl::kConstInit);
-  absl::MutexLock lock(&mu);
-  std::error_code ec;
-  std::filesystem::remove_all(std::filesystem::path(header).parent_path(), ec);
 }
 
 }  // namespace
@@ -249,47 +164,29 @@ absl::StatusOr<CompiledBinary> CompileSharedObject(absl::string_view source,
   KILN_ASSIGN_OR_RETURN(TempDir dir, TempDir::Make(options.temp_root));
   const std::string src = absl::StrCat(dir.path(), "/kernels.cc");
   const std::string so = absl::StrCat(dir.path(), "/kernels.so");
-  auto write_source = [&](absl::string_view text) -> absl::Status {
-    std::ofstream f(src, std::ios::binary | std::ios::trunc);
-    f.write(text.data(), static_cast<std::streamsize>(text.size()));
+  {
+    std::ofstream f(src, std::ios::binary);
+    f.write(source.data(), static_cast<std::streamsize>(source.size()));
     if (!f) return absl::InternalError(absl::StrCat("cannot write ", src));
-    return absl::OkStatus();
-  };
-  const bool has_prefix = !options.precompiled_prefix.empty() &&
-                          absl::StartsWith(source, options.precompiled_prefix);
-  const std::string pch =
-      has_prefix ? PrecompiledHeader(program, out.compiler_id, flags, options) : "";
+  }
   const absl::Time t1 = absl::Now();
   out.timings.write = t1 - t0;
 
+  std::vector<std::string> argv = {program};
+  for (const std::string& flag : flags) {
+    if (!absl::StartsWith(flag, "-l")) argv.push_back(flag);
+  }
+  argv.insert(argv.end(), {"-o", so, src});
+  for (const std::string& flag : flags) {
+    if (absl::StartsWith(flag, "-l")) argv.push_back(flag);  // libraries after the source
+  }
   ProcessOptions po;
   po.cwd = dir.path();
   po.output_path = absl::StrCat(dir.path(), "/compile.log");
   po.env = ChildEnv(dir.path());
   po.timeout = options.timeout;
   po.memory_bytes = options.memory_limit_bytes;
-  auto compile = [&](const std::string& include) -> absl::StatusOr<ProcessResult> {
-    KILN_RETURN_IF_ERROR(write_source(
-        include.empty() ? source : source.substr(options.precompiled_prefix.size())));
-    std::vector<std::string> argv = {program};
-    for (const std::string& flag : flags) {
-      if (!absl::StartsWith(flag, "-l")) argv.push_back(flag);
-    }
-    if (!include.empty()) argv.insert(argv.end(), {"-include", include});
-    argv.insert(argv.end(), {"-o", so, src});
-    for (const std::string& flag : flags) {
-      if (absl::StartsWith(flag, "-l")) argv.push_back(flag);  // libraries after the source
-    }
-    return RunProcess(argv, po);
-  };
-  KILN_ASSIGN_OR_RETURN(ProcessResult r, compile(pch));
-  out.timings.used_pch = !pch.empty();
-  if (!pch.empty() && !r.ok() && !r.timed_out) {
-    // Never let a bad PCH fail a compile: retry without it, and drop it if that works.
-    KILN_ASSIGN_OR_RETURN(r, compile(""));
-    out.timings.used_pch = false;
-    if (r.ok()) RemovePrecompiledHeader(pch);
-  }
+  KILN_ASSIGN_OR_RETURN(ProcessResult r, RunProcess(argv, po));
   const absl::Time t2 = absl::Now();
   out.timings.compile = t2 - t1;
   absl::StatusOr<std::string> log = ReadFile(po.output_path, options.max_log_bytes + 1);

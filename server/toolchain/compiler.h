@@ -14,15 +14,6 @@
 //     DEADLINE_EXCEEDED  the compile ran past `timeout` (its process group is killed);
 //     RESOURCE_EXHAUSTED the compiler ran out of memory under `memory_limit_bytes`;
 //     INTERNAL           the compiler failed; the message carries its log (truncated).
-//   Precompiled header (g++ only): when `pch_dir` is set and the source starts with
-//   `precompiled_prefix` (the emitter's includes and helper prelude, the same in every source),
-//   the prefix is compiled once per (compiler, flags, prefix) into
-//   <pch_dir>/<hash>/kiln_prelude.h.gch, and each compile reads only the rest of the source with
-//   `-include <pch_dir>/<hash>/kiln_prelude.h`. The machine code is the same either way (g++
-//   parses the text when a PCH does not fit); it only saves parsing the prefix (~2/3 of a small
-//   graph's compile). One PCH is built at a time per process; a prefix that fails to precompile
-//   is not tried again; a compile that fails with the PCH is retried without it, and if that
-//   succeeds the PCH is removed (so a damaged one is rebuilt).
 // CompilerIdentity(compiler): the first line of `<compiler> --version`, computed once per
 //   compiler and cached, e.g. "g++ (Debian 12.2.0-14+deb12u1) 12.2.0". With CompileFlags() it
 //   is what the cache key must include about the toolchain.
@@ -46,15 +37,12 @@ struct CompileOptions {
   int64_t memory_limit_bytes = int64_t{4} << 30;  // RLIMIT_AS of the compiler; 0 = none
   size_t max_log_bytes = 64 * 1024;
   std::string temp_root;  // where private dirs are made; default $TMPDIR or /tmp
-  std::string pch_dir;             // where precompiled headers are kept; empty = none
-  std::string precompiled_prefix;  // the leading text that is precompiled (see above)
 };
 
 struct CompileTimings {
   absl::Duration write;
   absl::Duration compile;
   absl::Duration read;
-  bool used_pch = false;  // the source's prefix came from a precompiled header
 };
 
 struct CompiledBinary {

@@ -3,8 +3,6 @@
 #include <dirent.h>
 #include <stdlib.h>
 
-#include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <string>
 #include <thread>
@@ -136,41 +134,6 @@ TEST_F(CompilerTest, MemoryLimitIsApplied) {
   EXPECT_EQ(b.status().code(), absl::StatusCode::kResourceExhausted) << b.status();
   EXPECT_TRUE(absl::StrContains(b.status().message(), "out of memory")) << b.status();
   EXPECT_EQ(EntriesInRoot(), 0);
-}
-
-TEST_F(CompilerTest, PrecompiledPrefixIsBuiltOnceAndReused) {
-  const std::string pch_dir = absl::StrCat(root_, "-pch");
-  options_.pch_dir = pch_dir;
-  options_.precompiled_prefix = "#include <cmath>\n#include <limits>\n";
-  const std::string body = "extern \"C\" double kiln_f(double x) { return std::sqrt(x); }\n";
-  absl::StatusOr<CompiledBinary> a = CompileSharedObject(options_.precompiled_prefix + body, options_);
-  ASSERT_TRUE(a.ok()) << a.status();
-  EXPECT_TRUE(a->timings.used_pch);
-  EXPECT_EQ(a->bytes.substr(0, 4), "\x7f" "ELF");
-  std::vector<std::string> dirs;
-  for (const auto& e : std::filesystem::directory_iterator(pch_dir)) dirs.push_back(e.path().string());
-  ASSERT_EQ(dirs.size(), 1u);
-  const std::string gch = dirs[0] + "/kiln_prelude.h.gch";
-  ASSERT_TRUE(std::filesystem::exists(gch));
-  const auto built = std::filesystem::last_write_time(gch);
-
-  absl::StatusOr<CompiledBinary> b =
-      CompileSharedObject(options_.precompiled_prefix + "int kiln_g;\n" + body, options_);
-  ASSERT_TRUE(b.ok()) << b.status();
-  EXPECT_TRUE(b->timings.used_pch);
-  EXPECT_EQ(std::filesystem::last_write_time(gch), built);  // reused, not rebuilt
-
-  // A source without the prefix compiles as it is.
-  absl::StatusOr<CompiledBinary> c = CompileSharedObject(kTiny, options_);
-  ASSERT_TRUE(c.ok()) << c.status();
-  EXPECT_FALSE(c->timings.used_pch);
-
-  // A damaged PCH never fails a compile.
-  { std::ofstream(gch, std::ios::trunc) << "not a precompiled header"; }
-  absl::StatusOr<CompiledBinary> d = CompileSharedObject(options_.precompiled_prefix + body, options_);
-  ASSERT_TRUE(d.ok()) << d.status();
-  EXPECT_EQ(EntriesInRoot(), 0);
-  std::filesystem::remove_all(pch_dir);
 }
 
 TEST_F(CompilerTest, PoolBoundsConcurrentCompiles) {
