@@ -7,21 +7,13 @@
 // generated translation unit (see kernels/cpu/BUILD.bazel); must stay self-contained C++17.
 
 #include <cstdint>
-#include <cstring>
+
+#include "kernels/cpu/kiln_base.h"
 
 namespace kiln_cpu {
 
-inline float bits_to_f32(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, sizeof(f));
-  return f;
-}
-
-inline uint32_t f32_to_bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof(u));
-  return u;
-}
+inline float bits_to_f32(uint32_t u) { return bit_copy_f32(u); }
+inline uint32_t f32_to_bits(float f) { return bit_copy_u32(f); }
 
 inline float bf16_to_f32(uint16_t h) { return bits_to_f32(static_cast<uint32_t>(h) << 16); }
 

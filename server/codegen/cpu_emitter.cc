@@ -73,7 +73,7 @@ absl::StatusOr<std::string> CpuKernelEmitter::Emit() {
   }
   // 32-bit indices when every size is a constant small enough that no index, unit count or
   // flattened reduction index can pass 2^31 - 1.
-  idx32_ = k_.num_scalars == 0;
+  idx32_ = Allows32BitIndices() && k_.num_scalars == 0;
   const Size rows = Product(k_.outer, 0, k_.outer.size());
   const Size work = rows * Product(k_.reduce, 0, k_.reduce.size());
   if (!FitsInt32(work + Size::Const(options_.block))) idx32_ = false;
@@ -88,14 +88,18 @@ void CpuKernelEmitter::EmitFunction() {
   const std::string idx = idx32_ ? "int32_t" : "int64_t";
   // The body first (it decides which sizes are hoisted), then the head.
   PushScope();
+  const bool columns = UseColumnLayout();
   if (k_.is_pointwise()) {
     EmitPointwiseLoops();
+  } else if (columns) {
+    EmitColumnLoops();
   } else {
     EmitRowLoops();
   }
   PopScope();
   CodeWriter head;
-  head.Linef("// ", CpuKernelSymbol(index_), ": ", k_.is_pointwise() ? "pointwise" : "rows", ", ",
+  head.Linef("// ", CpuKernelSymbol(index_), ": ",
+             k_.is_pointwise() ? "pointwise" : columns ? "columns" : "rows", ", ",
              k_.outer.size(), " outer dims, ", k_.reduce.size(), " reduction dims, ",
              k_.phases.size(), " phases");
   head.Open(absl::StrCat("extern \"C\" __attribute__((visibility(\"default\"))) void ",
@@ -175,7 +179,7 @@ void CpuKernelEmitter::EmitPointwiseLoops() {
     w_.Line("const idx_t kiln_block = kiln_u % kiln_blocks;");
     if (last > 0) EmitDecompose("kiln_u / kiln_blocks", last);
     w_.Linef("const idx_t kiln_begin = kiln_block * ", options_.block, ";");
-    w_.Linef("const idx_t kiln_end = std::min<idx_t>(kiln_begin + ", options_.block, ", ",
+    w_.Linef("const idx_t kiln_end = kiln_cpu::imin<idx_t>(kiln_begin + ", options_.block, ", ",
              inner_code, ");");
     begin = "kiln_begin";
     end = "kiln_end";
@@ -240,6 +244,43 @@ void CpuKernelEmitter::EmitRowLoops() {
 
 namespace {
 
+// The identity of a scalar accumulator of type `t`, or "" for kinds that are structs.
+std::string ScalarIdentity(AccKind kind, const std::string& t) {
+  switch (kind) {
+    case AccKind::kSum: return "0";
+    case AccKind::kProd: return "1";
+    case AccKind::kMax: return absl::StrCat("kiln_cpu::lowest<", t, ">()");
+    case AccKind::kMin: return absl::StrCat("kiln_cpu::highest<", t, ">()");
+    default: return "";
+  }
+}
+
+void CollectLoads(const Expr& e, std::vector<const ExprNode*>* out) {
+  if (e->kind == ExprKind::kLoad) out->push_back(e.get());
+  for (const Expr& a : e->args) CollectLoads(a, out);
+}
+
+bool DependsOnReduction(const Expr& e) {
+  if (e->kind == ExprKind::kLoopVar && e->var.kind == VarKind::kReduce) return true;
+  if (e->kind == ExprKind::kLoad) {
+    for (const IndexTerm& t : e->index.terms) {
+      if (t.var.kind == VarKind::kReduce) return true;
+    }
+  }
+  for (const Expr& a : e->args) {
+    if (DependsOnReduction(a)) return true;
+  }
+  return false;
+}
+
+// The stride of `var` in `index` (0 when the index does not use it).
+Size StrideOf(const Index& index, const Var& var) {
+  for (const IndexTerm& t : index.terms) {
+    if (t.var == var) return t.stride;
+  }
+  return Size::Const(0);
+}
+
 // The lane helper for an accumulator kind, or nullptr if the kind has none.
 const char* LanesName(AccKind k) {
   switch (k) {
@@ -253,12 +294,117 @@ const char* LanesName(AccKind k) {
 
 }  // namespace
 
+void CpuKernelEmitter::HoistInvariantExpr(const Expr& e) {
+  switch (e->kind) {
+    case ExprKind::kConst: case ExprKind::kScalar: case ExprKind::kLoopVar: case ExprKind::kAccRead:
+      return;  // already names or literals
+    default: break;
+  }
+  if (!DependsOnReduction(e)) {
+    ExprCode(e);
+    return;
+  }
+  for (const Expr& a : e->args) HoistInvariantExpr(a);
+}
+
+void CpuKernelEmitter::HoistInvariants(const std::vector<Stmt>& stmts) {
+  for (const Stmt& s : stmts) HoistInvariantExpr(s.value);
+}
+
+bool CpuKernelEmitter::UseColumnLayout() const {
+  if (options_.column_block <= 1 || k_.is_pointwise() || k_.outer.empty() || k_.reduce.empty() ||
+      k_.phases.size() != 1) {
+    return false;
+  }
+  for (const Accumulator& a : k_.accumulators) {
+    if (ScalarIdentity(a.kind, "").empty()) return false;
+  }
+  const absl::optional<int64_t> width = k_.outer.back().AsConst();
+  if (width && *width < 16) return false;  // too narrow to fill a vector
+  const Var o_last{VarKind::kOuter, static_cast<int32_t>(k_.outer.size() - 1)};
+  const Var r_last{VarKind::kReduce, static_cast<int32_t>(k_.reduce.size() - 1)};
+  int across = 0;  // loads contiguous across outer points, strided along the reduction
+  for (const Stmt& s : k_.phases[0].stmts) {
+    std::vector<const ExprNode*> loads;
+    CollectLoads(s.value, &loads);
+    for (const ExprNode* load : loads) {
+      const Size so = StrideOf(load->index, o_last);
+      const Size sr = StrideOf(load->index, r_last);
+      if (sr.is_const(1) && !so.is_const(0)) return false;  // a row layout reads it contiguously
+      if (so.is_const(1) && !sr.is_const(0)) ++across;
+    }
+  }
+  return across > 0;
+}
+
+void CpuKernelEmitter::EmitColumnLoops() {
+  const int last = static_cast<int>(k_.outer.size()) - 1;
+  const int m = static_cast<int>(k_.reduce.size());
+  const Size& inner = k_.outer[last];
+  const Size rows = Product(k_.outer, 0, last);
+  const std::string inner_code = SizeCode(inner);
+  const absl::optional<int64_t> inner_c = inner.AsConst();
+  const absl::optional<int64_t> rows_c = rows.AsConst();
+  int64_t block = options_.column_block;
+  while (block > 16 && inner_c && rows_c && *rows_c * ((*inner_c + block - 1) / block) < 8) {
+    block /= 2;  // narrow: smaller blocks, so that several threads get units
+  }
+  const std::string blocks =
+      inner_c ? absl::StrCat((*inner_c + block - 1) / block)
+              : absl::StrCat("((", inner_code, " + ", block - 1, ") / ", block, ")");
+  w_.Linef("const idx_t kiln_blocks = ", blocks, ";");
+  const std::string pragma =
+      ParallelPragma(rows * inner * Product(k_.reduce, 0, k_.reduce.size()));
+  if (!pragma.empty()) w_.Raw(pragma);
+  w_.Open(absl::StrCat("for (idx_t kiln_u = 0; kiln_u < ",
+                       rows.is_const(1) ? "kiln_blocks" : absl::StrCat(SizeCode(rows), " * kiln_blocks"),
+                       "; ++kiln_u)"));
+  w_.Line("const idx_t kiln_block = kiln_u % kiln_blocks;");
+  if (last > 0) EmitDecompose("kiln_u / kiln_blocks", last);
+  w_.Linef("const idx_t kiln_begin = kiln_block * ", block, ";");
+  w_.Linef("const idx_t kiln_end = kiln_cpu::imin<idx_t>(kiln_begin + ", block, ", ", inner_code, ");");
+  for (const Accumulator& a : k_.accumulators) {
+    const std::string t = ValueType(a.dtype);
+    w_.Linef(t, " acc", a.id, "_c[", block, "];");
+    w_.Linef("for (int kiln_j = 0; kiln_j < ", block, "; ++kiln_j) acc", a.id, "_c[kiln_j] = ",
+             ScalarIdentity(a.kind, t), ";");
+  }
+  const std::string o = absl::StrCat("o", last);
+  const std::string points = absl::StrCat("for (idx_t ", o, " = kiln_begin; ", o, " < kiln_end; ++",
+                                          o, ")");
+  w_.Line("// phase 0 (columns)");
+  for (int i = 0; i < m; ++i) {
+    w_.Open(absl::StrCat("for (idx_t r", i, " = 0; r", i, " < ", SizeCode(k_.reduce[i]), "; ++r",
+                         i, ")"));
+  }
+  w_.Open(points);
+  w_.Linef("const idx_t kiln_j = ", o, " - kiln_begin;");
+  column_mode_ = true;
+  PushScope();
+  for (const Stmt& s : k_.phases[0].stmts) EmitStmt(s);
+  PopScope();
+  column_mode_ = false;
+  for (int i = 0; i <= m; ++i) w_.Close();
+  w_.Open(points);
+  w_.Linef("const idx_t kiln_j = ", o, " - kiln_begin;");
+  for (const Accumulator& a : k_.accumulators) {
+    w_.Linef("const ", ValueType(a.dtype), " acc", a.id, " = acc", a.id, "_c[kiln_j];");
+  }
+  PushScope();
+  for (const Stmt& s : k_.body) EmitStmt(s);
+  PopScope();
+  w_.Close();
+  w_.Close();
+}
+
 void CpuKernelEmitter::EmitLanePhase(size_t p) {
   const std::vector<Stmt>& stmts = k_.phases[p].stmts;
   const int lanes = options_.reduction_lanes;
   const int m = static_cast<int>(k_.reduce.size());
   w_.Linef("// phase ", p, " (", lanes, " lanes)");
   w_.Open("");
+  PushScope();  // the hoisted values live in this block
+  HoistInvariants(stmts);
   std::vector<int> accs;
   for (const Stmt& s : stmts) {
     if (s.kind == StmtKind::kAccumulate &&
@@ -276,9 +422,9 @@ void CpuKernelEmitter::EmitLanePhase(size_t p) {
   const std::string extent = SizeCode(k_.reduce[m - 1]);
   w_.Linef("const idx_t kiln_full = ", extent, " - ", extent, " % ", lanes, ";");
   w_.Open(absl::StrCat("for (idx_t kiln_base = 0; kiln_base < kiln_full; kiln_base += ", lanes, ")"));
-  w_.Open(absl::StrCat("for (idx_t ", last, " = kiln_base; ", last, " < kiln_base + ", lanes, "; ++",
-                       last, ")"));
-  w_.Linef("const int kiln_lane = static_cast<int>(", last, " - kiln_base);");
+  // A constant trip count (kiln_base + lanes could wrap under -fwrapv): one vector per iteration.
+  w_.Open(absl::StrCat("for (int kiln_lane = 0; kiln_lane < ", lanes, "; ++kiln_lane)"));
+  w_.Linef("const idx_t ", last, " = kiln_base + kiln_lane;");
   lane_mode_ = true;
   PushScope();
   for (const Stmt& s : stmts) EmitStmt(s);
@@ -293,6 +439,7 @@ void CpuKernelEmitter::EmitLanePhase(size_t p) {
   w_.Close();
   for (int i = 0; i < m - 1; ++i) w_.Close();
   for (int id : accs) w_.Linef("acc", id, "_l.CombineInto(acc", id, ");");
+  PopScope();
   w_.Close();
 }
 
@@ -328,6 +475,7 @@ void CpuKernelEmitter::EmitPhase(size_t p) {
   }
   w_.Linef("// phase ", p);
   const int m = static_cast<int>(k_.reduce.size());
+  HoistInvariants(stmts);
   if (m == 0) w_.Open("");
   // A single row (a full reduction) would run on one thread: split its outermost reduction loop
   // across threads instead (sum/prod only; the result then depends on the thread count, as
@@ -370,6 +518,17 @@ void CpuKernelEmitter::EmitStmt(const Stmt& s) {
   const int id = s.acc.id;
   if (lane_mode_) {
     w_.Linef("acc", id, "_l.Update(kiln_lane, ", v, ");");
+    return;
+  }
+  if (column_mode_) {
+    const std::string a = absl::StrCat("acc", id, "_c[kiln_j]");
+    switch (s.acc.kind) {
+      case AccKind::kSum: w_.Linef(a, " += ", v, ";"); break;
+      case AccKind::kProd: w_.Linef(a, " *= ", v, ";"); break;
+      case AccKind::kMax: w_.Linef(a, " = kiln_cpu::maximum(", a, ", ", v, ");"); break;
+      case AccKind::kMin: w_.Linef(a, " = kiln_cpu::minimum(", a, ", ", v, ");"); break;
+      default: break;  // UseColumnLayout admits scalar accumulators only
+    }
     return;
   }
   switch (s.acc.kind) {
@@ -527,7 +686,7 @@ std::string CpuKernelEmitter::ConstCode(const ExprNode& e) const {
   if (!IsFloatingValue(e.type)) {
     if (e.type == ScalarType::kBool) return e.int_value ? "true" : "false";
     if (e.type == ScalarType::kInt64 && e.int_value == std::numeric_limits<int64_t>::min()) {
-      return "std::numeric_limits<int64_t>::min()";
+      return "kiln_cpu::lowest<int64_t>()";
     }
     return absl::StrCat(t, "{", e.int_value, "}");
   }
@@ -548,27 +707,27 @@ std::string CpuKernelEmitter::UnaryCode(UnaryOp op, ScalarType t, const std::str
     case UnaryOp::kNeg: return absl::StrCat("static_cast<", T, ">(-", x, ")");
     case UnaryOp::kAbs: return call("kiln_cpu::abs");
     case UnaryOp::kExp: return call("kiln_cpu::exp");  // vectorizable (kiln_math.h)
-    case UnaryOp::kExp2: return call("std::exp2");
-    case UnaryOp::kExpm1: return call("std::expm1");
-    case UnaryOp::kLog: return call("std::log");
-    case UnaryOp::kLog1p: return call("std::log1p");
-    case UnaryOp::kLog2: return call("std::log2");
-    case UnaryOp::kSqrt: return call("std::sqrt");
-    case UnaryOp::kRsqrt: return absl::StrCat(T, "(1) / std::sqrt(", x, ")");
+    case UnaryOp::kExp2: return call("kiln_cpu::exp2");
+    case UnaryOp::kExpm1: return call("kiln_cpu::expm1");
+    case UnaryOp::kLog: return call("kiln_cpu::log");
+    case UnaryOp::kLog1p: return call("kiln_cpu::log1p");
+    case UnaryOp::kLog2: return call("kiln_cpu::log2");
+    case UnaryOp::kSqrt: return call("kiln_cpu::sqrt");
+    case UnaryOp::kRsqrt: return absl::StrCat(T, "(1) / kiln_cpu::sqrt(", x, ")");
     case UnaryOp::kReciprocal: return absl::StrCat(T, "(1) / ", x);
-    case UnaryOp::kSin: return call("std::sin");
-    case UnaryOp::kCos: return call("std::cos");
-    case UnaryOp::kTanh: return call("std::tanh");
+    case UnaryOp::kSin: return call("kiln_cpu::sin");
+    case UnaryOp::kCos: return call("kiln_cpu::cos");
+    case UnaryOp::kTanh: return call("kiln_cpu::tanh");
     case UnaryOp::kSigmoid: return call("kiln_cpu::sigmoid");
-    case UnaryOp::kErf: return call("std::erf");
+    case UnaryOp::kErf: return call("kiln_cpu::erf");  // vectorizable (kiln_math.h)
     case UnaryOp::kRelu: return call("kiln_cpu::relu");
     case UnaryOp::kGelu: return call("kiln_cpu::gelu");
     case UnaryOp::kGeluTanh: return call("kiln_cpu::gelu_tanh");
     case UnaryOp::kSilu: return call("kiln_cpu::silu");
-    case UnaryOp::kFloor: return fl ? call("std::floor") : x;
-    case UnaryOp::kCeil: return fl ? call("std::ceil") : x;
-    case UnaryOp::kRound: return fl ? call("std::nearbyint") : x;
-    case UnaryOp::kTrunc: return fl ? call("std::trunc") : x;
+    case UnaryOp::kFloor: return fl ? call("kiln_cpu::floor") : x;
+    case UnaryOp::kCeil: return fl ? call("kiln_cpu::ceil") : x;
+    case UnaryOp::kRound: return fl ? call("kiln_cpu::nearbyint") : x;
+    case UnaryOp::kTrunc: return fl ? call("kiln_cpu::trunc") : x;
     case UnaryOp::kSign: return call("kiln_cpu::sign");
     case UnaryOp::kIsNan: return fl ? absl::StrCat("(", x, " != ", x, ")") : "false";
     case UnaryOp::kIsInf: return fl ? call("kiln_cpu::is_inf") : "false";
@@ -648,12 +807,7 @@ absl::StatusOr<CpuSource> EmitCpuSource(absl::Span<const Kernel> kernels,
   CodeWriter w;
   w.Line("// Generated by kiln's CPU emitter. Do not edit.");
   w.Line("// extern \"C\" void kiln_kernel_<i>(void* const* buffers, const int64_t* scalars);");
-  w.Line("#include <algorithm>");
-  w.Line("#include <cmath>");
-  w.Line("#include <cstdint>");
-  w.Line("#include <cstring>");
-  w.Line("#include <limits>");
-  w.Line("#include <type_traits>");
+  w.Line("#include <cstdint>  // and nothing else standard: see kernels/cpu/kiln_base.h");
   if (options.include_prelude) w.Raw(kiln::kernels::CpuPrelude());
   std::string source = w.Take();
   for (size_t i = 0; i < kernels.size(); ++i) {

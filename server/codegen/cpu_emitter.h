@@ -23,7 +23,13 @@
 // has unit stride whenever the IR's strides allow, so g++ -O3 vectorizes it. Row kernels run one
 // outer point per unit with the phases as loops inside: sum/prod phases under `omp simd
 // reduction`, Welford/online-softmax/max/min phases in `reduction_lanes` lanes (kiln_reduce.h)
-// plus a scalar tail. A 32-bit index type is used when every size is a constant that fits.
+// plus a scalar tail. Column kernels (one phase of sum/prod/max/min accumulators whose loads are
+// contiguous across the last outer dim and not along the innermost reduction dim, e.g. the column
+// sums of a backward pass) instead run a block of `column_block` consecutive outer points per
+// unit: the reduction loops outside, the block's points inside (vectorized), one accumulator
+// array per block; so memory is read row by row instead of one strided column at a time.
+// Indices are 64-bit: the code is compiled with -fwrapv, under which a 32-bit
+// index may wrap, so g++ could not prove addresses affine and would not vectorize the loops.
 
 #include <cstdint>
 #include <map>
@@ -45,6 +51,8 @@ struct CpuEmitOptions {
   // part of their innermost loop in this many independent lanes (vectorized), then combine; 0 or
   // 1 disables.
   int reduction_lanes = 16;
+  // Outer points per unit of a column kernel (see above); 0 or 1 disables the column layout.
+  int column_block = 64;
 };
 
 struct CpuSource {
@@ -70,6 +78,9 @@ class CpuKernelEmitter {
 
  protected:
   virtual void EmitFunction();
+  // Whether Emit() may choose 32-bit indices (idx32_) when every size is a constant that fits.
+  // No on CPUs (see the loop structure above); the CUDA emitter says yes.
+  virtual bool Allows32BitIndices() const { return false; }
   virtual std::string ValueType(kernel::ScalarType t) const;
   virtual std::string StorageType(kernel::ScalarType t) const;
   virtual std::string ConstCode(const kernel::ExprNode& e) const;
@@ -90,11 +101,19 @@ class CpuKernelEmitter {
   virtual std::string LoadCode(const kernel::Buffer& b, const std::string& index) const;
   void EmitStmt(const kernel::Stmt& s);
   void EmitLanePhase(size_t p);
+  // Emits, in the current scope, the largest subexpressions of `stmts` that do not depend on a
+  // reduction variable (loads indexed by outer variables only, accumulators of earlier phases),
+  // so that a phase's loops reload nothing per iteration. Legal because a kernel never stores to
+  // an element it loads (kernel_ir.h).
+  void HoistInvariants(const std::vector<kernel::Stmt>& stmts);
+  void HoistInvariantExpr(const kernel::Expr& e);
   void PushScope() { scopes_.emplace_back(); }
   void PopScope() { scopes_.pop_back(); }
 
   void EmitPointwiseLoops();
   void EmitRowLoops();
+  bool UseColumnLayout() const;
+  void EmitColumnLoops();
   void EmitPhase(size_t p);
   void EmitDecompose(const std::string& unit, int num_dims);
   std::string ParallelPragma(const kernel::Size& work);
@@ -107,6 +126,7 @@ class CpuKernelEmitter {
   CodeWriter w_{1};        // the function body after the declarations
   std::string result_;     // the whole function, set by EmitFunction
   bool lane_mode_ = false;  // Accumulate statements update the lanes (acc<k>_l)
+  bool column_mode_ = false;  // Accumulate statements update acc<k>_c[kiln_j]
   int next_size_ = 0;
   int next_value_ = 0;
   std::map<std::string, std::string> sizes_;  // Size text -> hoisted name

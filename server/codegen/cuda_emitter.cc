@@ -171,6 +171,8 @@ class CudaKernelEmitter : public CpuKernelEmitter {
     return o;
   }
 
+  bool Allows32BitIndices() const override { return true; }  // cheaper on GPUs
+
   // Helper spellings: the shared expression code names kiln_cpu:: and std:: functions; the CUDA
   // helpers (kernels/cuda) provide the same names in kiln_cuda::.
   static std::string Retarget(const std::string& code) {

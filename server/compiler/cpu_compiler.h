@@ -27,7 +27,7 @@
 namespace kiln::compiler {
 
 // Bump when lowering, fusion or planning changes generated code or plans for the same graph.
-inline constexpr char kCpuCompilerVersion[] = "kiln-cpu-compiler/1";
+inline constexpr char kCpuCompilerVersion[] = "kiln-cpu-compiler/2";  // 2: 64-bit CPU indices
 
 struct CpuCompilerOptions {
   // Compiler, time and memory limits; `march` is overwritten per request with target.cpu_isa.

@@ -295,6 +295,19 @@ class Fuser {
       AddMember(best, v, best_phase);
       return;
     }
+    if (!opt_.disable_fusion) {  // horizontal: the latest pointwise group of the same shape
+      for (int32_t gi = static_cast<int32_t>(s_.groups.size()) - 1; gi >= 0; --gi) {
+        const Group& gr = s_.groups[gi];
+        if (gr.kind != Group::Kind::kPointwise || gr.shape != x.sizes || r.hits.count(gi) ||
+            !OrderOk(r, gi)) {
+          continue;
+        }
+        Log(absl::StrCat("fuse v", v, " (", x.op, ") into group ", gi, " (horizontal: same shape ",
+                         Shape(x.sizes), ")"));
+        AddMember(gi, v, false);
+        return;
+      }
+    }
     const int32_t gi = NewGroup(Group::Kind::kPointwise, x.sizes);
     Log(absl::StrCat("new pointwise group ", gi, " ", Shape(x.sizes), " for v", v, " (", x.op, ")"));
     AddMember(gi, v, false);

@@ -25,7 +25,10 @@
 //      (one kernel, x read once). Prologues
 //      are implicit: producers of a row op's input that are not realized are inlined into phase 0.
 //   4. Horizontal fusion: a reduction joins an earlier reduction group with the same domain and
-//      reduce dims that it does not read (sum with sum of squares; var_mean is one Welford).
+//      reduce dims that it does not read (sum with sum of squares; var_mean is one Welford); a
+//      pointwise value that joins no group by rule 3 joins the latest pointwise group of the same
+//      shape that it does not read (an output and a saved activation computed from the same
+//      inputs: they are read once).
 //   5. Ordering: a value never joins a group scheduled before anything it reads (an extern step,
 //      another kernel), nor before an in-place step (aten.copy_ ...); so steps (mm, fallbacks)
 //      split fusion and their consumers fuse after them.

@@ -117,6 +117,11 @@ absl::StatusOr<std::vector<std::string>> CompileFlags(const CompileOptions& opti
                                     "-fwrapv",
                                     "-fvisibility=hidden"};
   if (!options.march.empty()) flags.push_back(absl::StrCat("-march=", options.march));
+  if (!clang) {
+    // Kernels need nothing from libstdc++: linking only what they use saves ~40% of the link
+    // (~10 ms per graph). The -l flags go after the source (CompileSharedObject).
+    flags.insert(flags.end(), {"-nodefaultlibs", "-lgomp", "-lm", "-lc", "-lgcc"});
+  }
   return flags;
 }
 
@@ -168,8 +173,13 @@ absl::StatusOr<CompiledBinary> CompileSharedObject(absl::string_view source,
   out.timings.write = t1 - t0;
 
   std::vector<std::string> argv = {program};
-  argv.insert(argv.end(), flags.begin(), flags.end());
+  for (const std::string& flag : flags) {
+    if (!absl::StartsWith(flag, "-l")) argv.push_back(flag);
+  }
   argv.insert(argv.end(), {"-o", so, src});
+  for (const std::string& flag : flags) {
+    if (absl::StartsWith(flag, "-l")) argv.push_back(flag);  // libraries after the source
+  }
   ProcessOptions po;
   po.cwd = dir.path();
   po.output_path = absl::StrCat(dir.path(), "/compile.log");
