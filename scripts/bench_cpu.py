@@ -259,8 +259,14 @@ class Kilnd:
         src = os.environ.get("KILND") or os.path.join(REPO, "bazel-bin", "server", "kilnd")
         if not os.access(src, os.X_OK):
             sys.exit(f"kilnd not found at {src}: run `bazel build //server:kilnd` or set KILND")
-        self.binary = os.path.join(tmp, "kilnd")
-        shutil.copy(src, self.binary)
+        # A copy, so that a rebuild of bazel-bin during the run cannot change it; a bundle's kilnd
+        # (deploy/bundle.sh: libraries beside it, rpath $ORIGIN) runs in place.
+        if os.path.exists(os.path.join(os.path.dirname(os.path.abspath(src)), "kiln_nvrtc_worker")) and \
+                any(f.startswith("libabsl") for f in os.listdir(os.path.dirname(os.path.abspath(src)))):
+            self.binary = src
+        else:
+            self.binary = os.path.join(tmp, "kilnd")
+            shutil.copy(src, self.binary)
         self.address = f"unix:{tmp}/kilnd.sock"
         self.log_path = os.path.join(tmp, "kilnd.log")
         self._log = open(self.log_path, "w")
