@@ -11,6 +11,8 @@
 #          models    tests/gpu/models_check.py (GPT block, ResNet-18/50, BERT layer; fp32/bf16; train/infer)
 #          kernels   tests/gpu/cuda_kernels_check.py --cubins build/cuda_fixtures (emit_cuda_fixtures output)
 #          bench     scripts/bench_gpu.py (kernels, model steps, cold/warm compile: kiln vs eager vs Inductor)
+#          precompile tests/gpu/precompile_check.py (kiln.precompile with CUDA hidden fills the cache
+#                    that a GPU process then hits)
 # Extra arguments for one step: STEP_ARGS_<STEP> (e.g. STEP_ARGS_models="--only resnet50").
 # Exit status: the number of failed steps (0: all passed).
 set -uo pipefail
@@ -59,6 +61,7 @@ for step in "$@"; do
               tests/python/test_corpus.py -k "test_graph and not compiles_for_cuda" "${extra[@]}" ;;
     models) run_step models python3 tests/gpu/models_check.py --kilnd "$KILND" "${extra[@]}" ;;
     kernels) run_step kernels python3 tests/gpu/cuda_kernels_check.py --cubins build/cuda_fixtures "${extra[@]}" ;;
+    precompile) run_step precompile python3 tests/gpu/precompile_check.py --kilnd "$KILND" "${extra[@]}" ;;
     bench) run_step bench python3 scripts/bench_gpu.py --kilnd "$KILND" "${extra[@]}" ;;
     *) echo "run_on_gpu: unknown step $step"; failed=$((failed + 1)) ;;
   esac
