@@ -671,18 +671,18 @@ class _Program:
             return ("f", self._list_builder(items, tree[2]))
         raise PlanError(f"bad argument tree {tag}")
 
-    def _patches(self, items):
-        """(template with the constants, [(position, value)], [(position, env -> item)])."""
+    def _filler(self, items):
+        """env -> the list of `items` (constants prebound, values read from env, nested builders
+        called), or None when every item is a constant (then `template` is the list itself).
+        Returns (fill, template)."""
         template = [item[1] if item[0] == "c" else None for item in items]
         values = [(p, item[1]) for p, item in enumerate(items) if item[0] == "v"]
         calls = [(p, item[1]) for p, item in enumerate(items) if item[0] == "f"]
-        return template, values, calls
-
-    def _list_builder(self, items, is_tuple):
-        template, values, calls = self._patches(items)
+        if not values and not calls:
+            return None, template
         none_used = self._none_used
 
-        def build(env):
+        def fill(env):
             out = template.copy()
             for p, i in values:
                 x = env[i]
@@ -691,28 +691,29 @@ class _Program:
                 out[p] = x
             for p, f in calls:
                 out[p] = f(env)
-            return tuple(out) if is_tuple else out
+            return out
 
-        return build
+        return fill, template
+
+    def _list_builder(self, items, is_tuple):
+        fill, _ = self._filler(items)  # not all constants: _arg folds those
+        if is_tuple:
+            return lambda env: tuple(fill(env))
+        return fill
 
     def _invoker(self, op, args, kwargs):
         """env -> the op's result, with the arguments' constants prebound."""
         call = _callable_of(op)
-        template, values, calls = self._patches([self._arg(a) for a in args])
+        fill, template = self._filler([self._arg(a) for a in args])
         kw_items = [(k, self._arg(a)) for k, a in kwargs.items()]
         kw_const = {k: a[1] for k, a in kw_items if a[0] == "c"}
         kw_dynamic = [(k, a) for k, a in kw_items if a[0] != "c"]
         none_used = self._none_used
-        if calls or kw_dynamic:
+        if kw_dynamic:
+            fill_args = fill or (lambda env: template)
+
             def invoke(env):
-                a = template.copy()
-                for p, i in values:
-                    x = env[i]
-                    if x is None:
-                        none_used(env, i)
-                    a[p] = x
-                for p, f in calls:
-                    a[p] = f(env)
+                a = fill_args(env)  # positional arguments first, as torch would see them
                 kw = dict(kw_const)
                 for k, (tag, x) in kw_dynamic:
                     if tag == "f":
@@ -722,29 +723,17 @@ class _Program:
                     else:
                         kw[k] = env[x]
                 return call(*a, **kw)
-        elif not values:
+        elif fill is None:
             template = tuple(template)
 
             def invoke(env):
                 return call(*template, **kw_const)
         elif kw_const:
             def invoke(env):
-                a = template.copy()
-                for p, i in values:
-                    x = env[i]
-                    if x is None:
-                        none_used(env, i)
-                    a[p] = x
-                return call(*a, **kw_const)
+                return call(*fill(env), **kw_const)
         else:
             def invoke(env):
-                a = template.copy()
-                for p, i in values:
-                    x = env[i]
-                    if x is None:
-                        none_used(env, i)
-                    a[p] = x
-                return call(*a)
+                return call(*fill(env))
         return invoke
 
     def _store(self, o, where):

@@ -108,42 +108,21 @@ def build(cache_dir):
 
 
 class Module:
+    """A shared object loaded by kiln_module_load (unloaded when collected)."""
+
+    # The runtime functions for this kind of module, and the Runtime method that checks their codes.
+    _ADD_KERNEL, _UNLOAD, _CHECK = "kiln_module_add_kernel", "kiln_module_unload", "_check"
+
     def __init__(self, runtime, handle):
         self._rt, self._handle = runtime, handle
-        self._kernels = {}
-
-    def add_kernel(self, symbol):
-        if symbol not in self._kernels:
-            index = ctypes.c_int32()
-            self._rt._check(self._rt.lib.kiln_module_add_kernel(self._handle, symbol.encode(),
-                                                                ctypes.byref(index)),
-                            f"kernel {symbol!r}")
-            self._kernels[symbol] = index.value
-        return self._kernels[symbol]
-
-    def __del__(self):
-        handle, self._handle = getattr(self, "_handle", None), None
-        if handle:
-            try:
-                self._rt.lib.kiln_module_unload(handle)
-            except Exception:  # pragma: no cover  (interpreter shutdown)
-                pass
-
-
-class CudaModule:
-    """A cubin/PTX loaded by kiln_cuda_module_load on one device (unloaded when collected)."""
-
-    def __init__(self, runtime, handle, device):
-        self._rt, self._handle, self.device = runtime, handle, device
         self._kernels = {}
 
     def add_kernel(self, symbol):
         """The kernel index of `symbol` (resolved once)."""
         if symbol not in self._kernels:
             index = ctypes.c_int32()
-            self._rt._cuda_check(self._rt.lib.kiln_cuda_module_add_kernel(self._handle, symbol.encode(),
-                                                                         ctypes.byref(index)),
-                                 f"kernel {symbol!r}")
+            code = getattr(self._rt.lib, self._ADD_KERNEL)(self._handle, symbol.encode(), ctypes.byref(index))
+            getattr(self._rt, self._CHECK)(code, f"kernel {symbol!r}")
             self._kernels[symbol] = index.value
         return self._kernels[symbol]
 
@@ -151,9 +130,19 @@ class CudaModule:
         handle, self._handle = getattr(self, "_handle", None), None
         if handle:
             try:
-                self._rt.lib.kiln_cuda_module_unload(handle)
+                getattr(self._rt.lib, self._UNLOAD)(handle)
             except Exception:  # pragma: no cover  (interpreter shutdown)
                 pass
+
+
+class CudaModule(Module):
+    """A cubin/PTX loaded by kiln_cuda_module_load on one device (unloaded when collected)."""
+
+    _ADD_KERNEL, _UNLOAD, _CHECK = "kiln_cuda_module_add_kernel", "kiln_cuda_module_unload", "_cuda_check"
+
+    def __init__(self, runtime, handle, device):
+        super().__init__(runtime, handle)
+        self.device = device
 
 
 def _void_p_at(array, index):
