@@ -8,7 +8,8 @@ Sections (all by default; the full run is sized for about 6-8 minutes on one H20
 --time-budget, 540 s by default on CUDA, skips (and lists) rows that could run past it, so that one
 command stays under a 10-minute limit; --sections splits a run):
   a  memory-bound kernels through backend="kiln", eager and Inductor (torch.compile's default):
-     a*b+c f32, a bf16 pointwise chain, row softmax f32/bf16 (65536 x 1024), log_softmax f32
+     a*b+c f32, a bf16 pointwise chain, row softmax f32/bf16 (65536 x 1024) and over long
+     rows (8192 x 8192, 2048 x 32768, 4096 x 50257 bf16, 64 x 262144), log_softmax f32
      (8192 x 8192), layer norm f32/bf16 and RMSNorm f32/bf16 (65536 x 1024), column sum f32 and a
      transposed broadcast add f32 (8192 x 8192). Bandwidth = bytes every input read once + every
      output written once, over the median time; shown in TB/s and as % of a device-to-device copy
@@ -111,8 +112,14 @@ def log(msg=""):
 # --------------------------------------------------------------------------------------------------
 
 # name -> (description, kind) ; kind "softmax" gets the 1.5x target too
-KERNEL_NAMES = ["add_f32", "chain_bf16", "softmax_f32", "softmax_bf16", "log_softmax_f32", "layer_norm_f32",
+KERNEL_NAMES = ["add_f32", "chain_bf16", "softmax_f32", "softmax_bf16", "softmax_f32_8k", "softmax_f32_32k",
+                "softmax_bf16_50k", "softmax_f32_256k", "log_softmax_f32", "layer_norm_f32",
                 "layer_norm_bf16", "rms_norm_f32", "rms_norm_bf16", "col_sum_f32", "transpose_add_f32"]
+# Softmax over long rows (rows x columns at scale 1), where a row no longer fits one block's
+# registers: Inductor loops over such rows and reads them more than once. 50257: a GPT-2-sized
+# vocabulary (odd length); 64 x 262144: few rows, each longer than one block should take.
+LONG_SOFTMAX = {"softmax_f32_8k": (8192, 8192), "softmax_f32_32k": (2048, 32768),
+                "softmax_bf16_50k": (4096, 50257), "softmax_f32_256k": (64, 262144)}
 
 
 def kernel_spec(name, device, scale):
@@ -141,11 +148,13 @@ def kernel_spec(name, device, scale):
         ins = [rnd(N, dtype=bf16), rnd(N, dtype=bf16), rnd(N, dtype=bf16)]
         return fn, ins, 4 * N * 2, f"{N:,}", (1e-2, 1e-2)
     if name.startswith("softmax"):
-        dt = bf16 if name.endswith("bf16") else f32
+        dt = bf16 if "bf16" in name else f32
+        rows, cols = LONG_SOFTMAX.get(name, (R * scale, 1024))
+        rows = max(1, rows // scale)
 
         def fn(x):
             return torch.softmax(x, dim=-1)
-        return fn, [rnd(R, 1024, dtype=dt)], 2 * R * 1024 * es[dt], f"{R}x1024", \
+        return fn, [rnd(rows, cols, dtype=dt)], 2 * rows * cols * es[dt], f"{rows}x{cols}", \
             ((1e-2, 1e-3) if dt == bf16 else (1e-5, 1e-6))
     if name == "log_softmax_f32":
         def fn(x):
