@@ -113,6 +113,10 @@ ABSL_FLAG(std::string, nvrtc_worker, "",
           "The kiln_nvrtc_worker executable that runs each NVRTC compile in its own process. "
           "Empty: next to kilnd (as deploy/bundle.sh packs it), else Bazel's "
           "server/toolchain/kiln_nvrtc_worker beside bazel-bin/server/kilnd.");
+ABSL_FLAG(int32_t, cpu_parallel_compiles, 0,
+          "C++ compiler processes one CPU graph may use at once: its kernels are split into that "
+          "many translation units, compiled in parallel and linked into one shared object. 0: the "
+          "machine's cores, at most 16; 1: one translation unit per graph.");
 ABSL_FLAG(int32_t, cuda_parallel_compiles, 0,
           "NVRTC processes one CUDA graph may use at once (its kernels are split into that many "
           "binaries when it has enough of them). 0: the machine's cores, at most 16.");
@@ -309,6 +313,7 @@ int Run(int argc, char** argv) {
   cpu_options.toolchain.memory_limit_bytes = absl::GetFlag(FLAGS_compile_memory_limit_bytes);
   toolchain::CompilePool compile_pool(absl::GetFlag(FLAGS_compile_workers));
   cpu_options.pool = &compile_pool;
+  cpu_options.parallel_compiles = std::max(0, absl::GetFlag(FLAGS_cpu_parallel_compiles));
   absl::StatusOr<std::map<std::string, std::string>> cpu_identity =
       compiler::CpuGraphCompiler::IdentityComponents(cpu_options);
   if (!cpu_identity.ok()) {

@@ -225,8 +225,18 @@ void CpuKernelEmitter::EmitRowLoops() {
       default: w_.Linef("kiln_cpu::", AccName(a.kind), "<", t, "> acc", a.id, ";"); break;
     }
   }
+  PlanSoftmaxTwoPass();
+  for (const SoftmaxTwoPass& tp : two_pass_) {
+    w_.Linef(ValueType(tp.stmt->acc.dtype), " ", tp.array, "[", tp.length, "];");
+  }
   for (size_t p = 0; p < k_.phases.size(); ++p) {
-    EmitPhase(p);
+    auto tp = std::find_if(two_pass_.begin(), two_pass_.end(),
+                           [&](const SoftmaxTwoPass& t) { return t.phase == p; });
+    if (tp != two_pass_.end()) {
+      EmitSoftmaxTwoPass(*tp);
+    } else {
+      EmitPhase(p);
+    }
     // A Welford accumulator holds the whole row only once its pending blocks are folded in.
     std::vector<int> welford;
     for (const Stmt& s : k_.phases[p].stmts) {
@@ -238,6 +248,7 @@ void CpuKernelEmitter::EmitRowLoops() {
     for (int id : welford) w_.Linef("acc", id, ".Flush();");
   }
   for (const Stmt& s : k_.body) EmitStmt(s);
+  two_pass_.clear();
   PopScope();
   w_.Close();
 }
@@ -427,6 +438,7 @@ void CpuKernelEmitter::EmitLanePhase(size_t p) {
   w_.Linef("const idx_t ", last, " = kiln_base + kiln_lane;");
   lane_mode_ = true;
   PushScope();
+  SeedExpReuse(p);
   for (const Stmt& s : stmts) EmitStmt(s);
   PopScope();
   lane_mode_ = false;
@@ -434,6 +446,7 @@ void CpuKernelEmitter::EmitLanePhase(size_t p) {
   w_.Close();
   w_.Open(absl::StrCat("for (idx_t ", last, " = kiln_full; ", last, " < ", extent, "; ++", last, ")"));
   PushScope();
+  SeedExpReuse(p);
   for (const Stmt& s : stmts) EmitStmt(s);
   PopScope();
   w_.Close();
@@ -501,6 +514,7 @@ void CpuKernelEmitter::EmitPhase(size_t p) {
                          i, ")"));
   }
   PushScope();
+  SeedExpReuse(p);
   for (const Stmt& s : stmts) EmitStmt(s);
   PopScope();
   for (int i = 0; i < std::max(m, 1); ++i) w_.Close();
@@ -739,9 +753,25 @@ std::string CpuKernelEmitter::UnaryCode(UnaryOp op, ScalarType t, const std::str
   return x;
 }
 
+bool CpuKernelEmitter::IsRowDivisor(const std::string& b) {
+  if (b.rfind("acc", 0) != 0) return false;
+  size_t i = 3;
+  while (i < b.size() && b[i] >= '0' && b[i] <= '9') ++i;
+  if (i == 3) return false;
+  const std::string field = b.substr(i);
+  return field == ".sum" || field == ".count";
+}
+
 std::string CpuKernelEmitter::BinaryCode(BinaryOp op, ScalarType t, const std::string& a,
                                          const std::string& b) const {
   const std::string T = ValueType(t);
+  if (op == BinaryOp::kTrueDiv && (t == ScalarType::kFloat32 || t == ScalarType::kFloat64) &&
+      IsRowDivisor(b)) {
+    // x / s for a row's softmax sum (>= 1, or 0 / NaN) or Welford count (>= 1): x * (1 / s), as
+    // torch's own softmax does, the reciprocal hoisted out of the row's loop; within 1.5 ulp of
+    // x / s, and a multiply per element instead of a division.
+    return absl::StrCat(a, " * (", T, "(1) / ", b, ")");
+  }
   auto infix = [&](const char* o) {
     // Narrow integers promote to int in C++: convert back (wraps, with -fwrapv semantics).
     if (t == ScalarType::kInt8 || t == ScalarType::kUInt8) {
@@ -809,7 +839,8 @@ absl::StatusOr<CpuSource> EmitCpuSource(absl::Span<const Kernel> kernels,
   w.Line("// extern \"C\" void kiln_kernel_<i>(void* const* buffers, const int64_t* scalars);");
   w.Line("#include <cstdint>  // and nothing else standard: see kernels/cpu/kiln_base.h");
   if (options.include_prelude) w.Raw(kiln::kernels::CpuPrelude());
-  std::string source = w.Take();
+  out.prelude = w.Take();
+  std::string source = out.prelude;
   for (size_t i = 0; i < kernels.size(); ++i) {
     CpuKernelEmitter emitter(kernels[i], static_cast<int>(i), options);
     absl::StatusOr<std::string> fn = emitter.Emit();

@@ -28,6 +28,11 @@
 // sums of a backward pass) instead run a block of `column_block` consecutive outer points per
 // unit: the reduction loops outside, the block's points inside (vectorized), one accumulator
 // array per block; so memory is read row by row instead of one strided column at a time.
+// A phase that only folds an online softmax of a row short enough for a per-thread buffer
+// (kRowBufferBytes), whose output phases read x only as exp(x - max), runs in two passes instead:
+// the row's values go to the buffer while their maximum is taken, then each is overwritten with
+// exp(x - max) while they are summed, and the output reads the buffer: one exp per element instead
+// of two (exp_reuse.h), and no per-element online rescaling.
 // Indices are 64-bit: the code is compiled with -fwrapv, under which a 32-bit
 // index may wrap, so g++ could not prove addresses affine and would not vectorize the loops.
 
@@ -59,6 +64,7 @@ struct CpuSource {
   std::string source;                        // the whole translation unit
   std::vector<std::string> symbols;          // symbols[i] names kernels[i]
   std::vector<std::string> kernel_sources;   // each kernel's function alone (dumps, golden tests)
+  std::string prelude;  // what precedes the kernels: prelude + any kernels form a translation unit
 };
 
 std::string CpuKernelSymbol(int index);  // "kiln_kernel_<index>"
@@ -87,6 +93,9 @@ class CpuKernelEmitter {
   virtual std::string UnaryCode(kernel::UnaryOp op, kernel::ScalarType t, const std::string& x) const;
   virtual std::string BinaryCode(kernel::BinaryOp op, kernel::ScalarType t, const std::string& a,
                                  const std::string& b) const;
+  // Whether `b` (an expression's code) is a row accumulator's softmax sum or Welford count:
+  // divisions by it become multiplications by its reciprocal.
+  static bool IsRowDivisor(const std::string& b);
   virtual std::string CastCode(kernel::ScalarType from, kernel::ScalarType to,
                                const std::string& x) const;
 
@@ -115,6 +124,19 @@ class CpuKernelEmitter {
   bool UseColumnLayout() const;
   void EmitColumnLoops();
   void EmitPhase(size_t p);
+  // Softmax phases that run in two passes over a row buffer (see the top of this file).
+  struct SoftmaxTwoPass {
+    size_t phase = 0;
+    const kernel::Stmt* stmt = nullptr;
+    std::string array;  // the row buffer: x, then exp(x - max)
+    int64_t length = 0;
+    std::vector<const kernel::ExprNode*> exp_nodes;  // later phases' exp(x - max)
+  };
+  void PlanSoftmaxTwoPass();
+  void EmitSoftmaxTwoPass(const SoftmaxTwoPass& tp);
+  // In an element scope of phase `p`: earlier two-pass phases' exp(x - max) read their buffer.
+  void SeedExpReuse(size_t p);
+  std::string RowFlatIndex();
   void EmitDecompose(const std::string& unit, int num_dims);
   std::string ParallelPragma(const kernel::Size& work);
 
@@ -131,6 +153,7 @@ class CpuKernelEmitter {
   int next_value_ = 0;
   std::map<std::string, std::string> sizes_;  // Size text -> hoisted name
   std::vector<std::map<const kernel::ExprNode*, std::string>> scopes_;
+  std::vector<SoftmaxTwoPass> two_pass_;
 };
 
 }  // namespace kiln::codegen

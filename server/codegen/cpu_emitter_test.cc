@@ -68,34 +68,59 @@ extern "C" __attribute__((visibility("default"))) void kiln_kernel_0(void* const
   for (idx_t kiln_u = 0; kiln_u < n0; ++kiln_u) {
     const idx_t o0 = kiln_u;
     kiln_cpu::OnlineSoftmax<float> acc0;
-    // phase 0 (16 lanes)
+    float kiln_row0[1000];
+    // phase 0: softmax statistics in two passes over kiln_row0 (the row, then exp(x - max), read again below)
     {
-      kiln_cpu::OnlineSoftmaxLanes<float, 16> acc0_l;
+      kiln_cpu::MaxLanes<float, 16> kiln_max_l;
       const idx_t kiln_full = 1000 - 1000 % 16;
       for (idx_t kiln_base = 0; kiln_base < kiln_full; kiln_base += 16) {
         for (int kiln_lane = 0; kiln_lane < 16; ++kiln_lane) {
           const idx_t r0 = kiln_base + kiln_lane;
           const float v0 = b0[o0 * 1000 + r0];
-          acc0_l.Update(kiln_lane, v0);
+          kiln_row0[r0] = v0;
+          kiln_max_l.Update(kiln_lane, v0);
         }
       }
       for (idx_t r0 = kiln_full; r0 < 1000; ++r0) {
         const float v1 = b0[o0 * 1000 + r0];
-        acc0.Update(v1);
+        kiln_row0[r0] = v1;
+        kiln_max_l.Update(0, v1);
       }
-      acc0_l.CombineInto(acc0);
+      float kiln_max = kiln_cpu::lowest<float>();
+      kiln_max_l.CombineInto(kiln_max);
+      float kiln_sum = 0;
+#pragma omp simd reduction(+:kiln_sum)
+      for (idx_t kiln_e = 0; kiln_e < 1000; ++kiln_e) {
+        const float kiln_x = kiln_cpu::exp(kiln_row0[kiln_e] - kiln_max);
+        kiln_row0[kiln_e] = kiln_x;
+        kiln_sum += kiln_x;
+      }
+      acc0.max = kiln_max;
+      acc0.sum = kiln_sum;
     }
     // phase 1
     for (idx_t r0 = 0; r0 < 1000; ++r0) {
-      const float v2 = b0[o0 * 1000 + r0];
-      const float v3 = v2 - acc0.max;
-      const float v4 = kiln_cpu::exp(v3);
-      const float v5 = v4 / acc0.sum;
-      b1[o0 * 1000 + r0] = v5;
+      const float v2 = kiln_row0[r0] * (float(1) / acc0.sum);
+      b1[o0 * 1000 + r0] = v2;
     }
   }
 }
 )cc");
+}
+
+// Softmax keeps its row in a per-thread buffer (one exp per element) while the row fits
+// 64 KiB; longer rows, and log_softmax (whose output reads x, not exp(x - max)), keep the
+// online rule.
+TEST(CpuEmitter, SoftmaxTwoPassOnlyForShortRowsWithExpReuse) {
+  const std::string short_row = EmitOne(kt::RowSoftmax(16384, false));
+  EXPECT_NE(short_row.find("float kiln_row0[16384];"), std::string::npos) << short_row;
+  EXPECT_EQ(short_row.find("OnlineSoftmaxLanes"), std::string::npos) << short_row;
+  const std::string long_row = EmitOne(kt::RowSoftmax(16385, false));
+  EXPECT_EQ(long_row.find("kiln_row0"), std::string::npos) << long_row;
+  EXPECT_NE(long_row.find("OnlineSoftmaxLanes"), std::string::npos) << long_row;
+  const std::string log_row = EmitOne(kt::RowSoftmax(1000, true));
+  EXPECT_EQ(log_row.find("kiln_row0"), std::string::npos) << log_row;
+  EXPECT_NE(log_row.find("OnlineSoftmaxLanes"), std::string::npos) << log_row;
 }
 
 TEST(CpuEmitterGolden, LayerNormUsesWelford) {
@@ -133,7 +158,7 @@ extern "C" __attribute__((visibility("default"))) void kiln_kernel_0(void* const
     }
     acc0.Flush();
     // phase 1
-    const float v2 = acc0.m2 / acc0.count;
+    const float v2 = acc0.m2 * (float(1) / acc0.count);
     const float v3 = v2 + 0x1.4f8b58p-17f;
     const float v4 = float(1) / kiln_cpu::sqrt(v3);
     for (idx_t r0 = 0; r0 < 768; ++r0) {

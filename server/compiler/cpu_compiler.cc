@@ -1,6 +1,8 @@
 #include "server/compiler/cpu_compiler.h"
 
+#include <algorithm>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -10,6 +12,34 @@
 #include "server/compiler/pipeline.h"
 
 namespace kiln::compiler {
+namespace {
+
+// The emitted kernels as up to `parallel` translation units (0: the machine's cores, at most
+// 16), each the prelude plus consecutive kernels of about equal source size; one unit when
+// there is a single kernel.
+std::vector<std::string> SplitSource(const codegen::CpuSource& src, int parallel) {
+  const size_t kernels = src.kernel_sources.size();
+  if (parallel <= 0) parallel = static_cast<int>(std::min(16u, std::max(1u, std::thread::hardware_concurrency())));
+  const size_t n = std::min<size_t>(static_cast<size_t>(parallel), kernels);
+  if (n <= 1) return {src.source};
+  size_t total = 0;
+  for (const std::string& k : src.kernel_sources) total += k.size();
+  std::vector<std::string> parts;
+  size_t done = 0;
+  for (size_t i = 0; i < kernels; ++i) {
+    // A new part once this one holds its share (parts.size() / n of the total), leaving at least
+    // one kernel for every part still to come.
+    const bool start = parts.empty() ||
+                       (parts.size() < n && (done * n >= total * parts.size() || kernels - i <= n - parts.size()));
+    if (start) parts.push_back(src.prelude);
+    absl::StrAppend(&parts.back(), "\n", src.kernel_sources[i]);
+    done += src.kernel_sources[i].size();
+  }
+  return parts;
+}
+
+}  // namespace
+
 namespace {
 
 namespace v1 = ::kiln::v1;
@@ -43,12 +73,12 @@ absl::StatusOr<CompileResult> CpuGraphCompiler::Compile(const graph::PreparedGra
   KILN_RETURN_IF_ERROR(BuildPlan(fe, lower::BindToBinary(symbols, /*binary=*/0), &result, &timer));
 
   const std::vector<kernel::Kernel> ir = fe.KernelIr();
-  std::string source;
+  std::vector<std::string> parts;
   if (!ir.empty()) {
     KILN_ASSIGN_OR_RETURN(codegen::CpuSource src, codegen::EmitCpuSource(ir, options_.emit));
     if (src.symbols != symbols) return absl::InternalError("emitter symbols differ from the plan's");
-    source = std::move(src.source);
-    result.sources.push_back({"graph.cc", source});
+    parts = SplitSource(src, options_.parallel_compiles);
+    result.sources.push_back({"graph.cc", std::move(src.source)});
   }
   timer.Done("codegen");
 
@@ -58,7 +88,7 @@ absl::StatusOr<CompileResult> CpuGraphCompiler::Compile(const graph::PreparedGra
     const int64_t ms = request.options().compile_timeout_ms();
     if (ms > 0 && absl::Milliseconds(ms) < tc.timeout) tc.timeout = absl::Milliseconds(ms);
     absl::StatusOr<toolchain::CompiledBinary> bin =
-        options_.pool != nullptr ? options_.pool->Compile(source, tc) : toolchain::CompileSharedObject(source, tc);
+        options_.pool != nullptr ? options_.pool->Compile(parts, tc) : toolchain::CompileSharedObject(parts, tc);
     if (!bin.ok()) {
       if (bin.status().code() == absl::StatusCode::kInternal) {
         return absl::InternalError(absl::StrCat("C++ compile of graph.cc failed: ", bin.status().message()));

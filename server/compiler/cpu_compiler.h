@@ -7,7 +7,9 @@
 //   fuse     server/lower/fuse.h         schedule + fusion decisions; kernelize.h: kernel IR
 //   plan     server/lower/plan_builder.h memory plan (one workspace) + kiln.v1.Plan
 //   codegen  server/codegen/cpu_emitter  all kernels -> ONE translation unit ("graph.cc")
-//   compile  server/toolchain            g++ in a worker process -> Binary KIND_SHARED_OBJECT
+//   compile  server/toolchain            g++ in worker processes (a graph's kernels split into up
+//                                        to `parallel_compiles` translation units compiled at once,
+//                                        then linked) -> one Binary KIND_SHARED_OBJECT
 // After each stage the IR is dumped at debug level ("compiler: after <stage>:\n..."), and the
 // stage's time goes into CompileResult.timings_us under the stage's name.
 // Errors: UNIMPLEMENTED for graphs with symbolic sizes (the client runs them eagerly);
@@ -27,7 +29,8 @@
 namespace kiln::compiler {
 
 // Bump when lowering, fusion or planning changes generated code or plans for the same graph.
-inline constexpr char kCpuCompilerVersion[] = "kiln-cpu-compiler/2";  // 2: 64-bit CPU indices
+// 2: 64-bit CPU indices; 3: softmax in two passes over a row buffer, x * (1 / sum).
+inline constexpr char kCpuCompilerVersion[] = "kiln-cpu-compiler/3";
 
 struct CpuCompilerOptions {
   // Compiler, time and memory limits; `march` is overwritten per request with target.cpu_isa.
@@ -35,6 +38,10 @@ struct CpuCompilerOptions {
   codegen::CpuEmitOptions emit;
   // Optional: bounds concurrent compiles across requests (not owned).
   toolchain::CompilePool* pool = nullptr;
+  // Compiler processes one graph may use at once: its kernels are split into that many
+  // translation units (compiled in parallel, then linked) when it has enough of them. 0: the
+  // machine's cores, at most 16.
+  int parallel_compiles = 0;
 };
 
 class CpuGraphCompiler : public GraphCompiler {

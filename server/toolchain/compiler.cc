@@ -8,6 +8,7 @@
 #include <fstream>
 #include <map>
 #include <sstream>
+#include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -152,63 +153,121 @@ absl::StatusOr<std::string> CompilerIdentity(const std::string& compiler) {
   return first;
 }
 
-absl::StatusOr<CompiledBinary> CompileSharedObject(absl::string_view source,
-                                                   const CompileOptions& options) {
-  KILN_ASSIGN_OR_RETURN(std::vector<std::string> flags, CompileFlags(options));
-  KILN_ASSIGN_OR_RETURN(const std::string program, FindProgram(options.compiler));
-  CompiledBinary out;
-  KILN_ASSIGN_OR_RETURN(out.compiler_id, CompilerIdentity(options.compiler));
-  out.flags = flags;
+namespace {
 
-  absl::Time t0 = absl::Now();
-  KILN_ASSIGN_OR_RETURN(TempDir dir, TempDir::Make(options.temp_root));
-  const std::string src = absl::StrCat(dir.path(), "/kernels.cc");
-  const std::string so = absl::StrCat(dir.path(), "/kernels.so");
-  {
-    std::ofstream f(src, std::ios::binary);
-    f.write(source.data(), static_cast<std::streamsize>(source.size()));
-    if (!f) return absl::InternalError(absl::StrCat("cannot write ", src));
-  }
-  const absl::Time t1 = absl::Now();
-  out.timings.write = t1 - t0;
-
-  std::vector<std::string> argv = {program};
-  for (const std::string& flag : flags) {
-    if (!absl::StartsWith(flag, "-l")) argv.push_back(flag);
-  }
-  argv.insert(argv.end(), {"-o", so, src});
-  for (const std::string& flag : flags) {
-    if (absl::StartsWith(flag, "-l")) argv.push_back(flag);  // libraries after the source
-  }
+// Runs one compiler command in `dir` with the limits of `options`; the log goes to `log_name`
+// there and into *log. The errors of CompileSharedObject.
+absl::Status RunCompiler(const std::vector<std::string>& argv, const std::string& dir,
+                         const std::string& log_name, const CompileOptions& options,
+                         const std::string& what, std::string* log) {
   ProcessOptions po;
-  po.cwd = dir.path();
-  po.output_path = absl::StrCat(dir.path(), "/compile.log");
-  po.env = ChildEnv(dir.path());
+  po.cwd = dir;
+  po.output_path = absl::StrCat(dir, "/", log_name);
+  po.env = ChildEnv(dir);
   po.timeout = options.timeout;
   po.memory_bytes = options.memory_limit_bytes;
   KILN_ASSIGN_OR_RETURN(ProcessResult r, RunProcess(argv, po));
-  const absl::Time t2 = absl::Now();
-  out.timings.compile = t2 - t1;
-  absl::StatusOr<std::string> log = ReadFile(po.output_path, options.max_log_bytes + 1);
-  out.log = Truncate(log.ok() ? *log : std::string("[no log]"), options.max_log_bytes);
-
-  const std::string what = absl::StrCat(options.compiler, " (", out.compiler_id, ")");
+  absl::StatusOr<std::string> text = ReadFile(po.output_path, options.max_log_bytes + 1);
+  *log = Truncate(text.ok() ? *text : std::string("[no log]"), options.max_log_bytes);
   if (r.timed_out) {
     return absl::DeadlineExceededError(absl::StrCat(
         "compile with ", what, " killed after ", absl::FormatDuration(options.timeout),
-        "\n--- compiler log ---\n", out.log));
+        "\n--- compiler log ---\n", *log));
   }
   if (!r.ok()) {
     const std::string how = r.term_signal != 0 ? absl::StrCat("killed by signal ", r.term_signal)
                                                : absl::StrCat("exit code ", r.exit_code);
     const std::string msg =
-        absl::StrCat("compile with ", what, " failed (", how, ")\n--- compiler log ---\n", out.log);
-    if (options.memory_limit_bytes > 0 && LooksOutOfMemory(out.log)) {
+        absl::StrCat("compile with ", what, " failed (", how, ")\n--- compiler log ---\n", *log);
+    if (options.memory_limit_bytes > 0 && LooksOutOfMemory(*log)) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "memory limit of ", options.memory_limit_bytes, " bytes reached; ", msg));
     }
     return absl::InternalError(msg);
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<CompiledBinary> CompileSharedObject(absl::string_view source,
+                                                   const CompileOptions& options) {
+  const std::vector<std::string> parts = {std::string(source)};
+  return CompileSharedObject(absl::MakeConstSpan(parts), options);
+}
+
+absl::StatusOr<CompiledBinary> CompileSharedObject(absl::Span<const std::string> parts,
+                                                   const CompileOptions& options) {
+  if (parts.empty()) return absl::InvalidArgumentError("no source to compile");
+  KILN_ASSIGN_OR_RETURN(std::vector<std::string> flags, CompileFlags(options));
+  KILN_ASSIGN_OR_RETURN(const std::string program, FindProgram(options.compiler));
+  CompiledBinary out;
+  KILN_ASSIGN_OR_RETURN(out.compiler_id, CompilerIdentity(options.compiler));
+  out.flags = flags;
+  const std::string what = absl::StrCat(options.compiler, " (", out.compiler_id, ")");
+
+  absl::Time t0 = absl::Now();
+  KILN_ASSIGN_OR_RETURN(TempDir dir, TempDir::Make(options.temp_root));
+  const std::string so = absl::StrCat(dir.path(), "/kernels.so");
+  std::vector<std::string> srcs;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    srcs.push_back(parts.size() == 1 ? absl::StrCat(dir.path(), "/kernels.cc")
+                                     : absl::StrCat(dir.path(), "/kernels_", i, ".cc"));
+    std::ofstream f(srcs.back(), std::ios::binary);
+    f.write(parts[i].data(), static_cast<std::streamsize>(parts[i].size()));
+    if (!f) return absl::InternalError(absl::StrCat("cannot write ", srcs.back()));
+  }
+  const absl::Time t1 = absl::Now();
+  out.timings.write = t1 - t0;
+
+  std::vector<std::string> compile_flags, libs;
+  for (const std::string& flag : flags) {
+    (absl::StartsWith(flag, "-l") ? libs : compile_flags).push_back(flag);
+  }
+  auto link_argv = [&](const std::vector<std::string>& inputs) {
+    std::vector<std::string> argv = {program};
+    argv.insert(argv.end(), compile_flags.begin(), compile_flags.end());
+    argv.insert(argv.end(), {"-o", so});
+    argv.insert(argv.end(), inputs.begin(), inputs.end());
+    argv.insert(argv.end(), libs.begin(), libs.end());  // libraries after the inputs
+    return argv;
+  };
+  if (parts.size() == 1) {
+    KILN_RETURN_IF_ERROR(RunCompiler(link_argv(srcs), dir.path(), "compile.log", options, what, &out.log));
+  } else {
+    // Each part to an object file in its own process, all at once, then one link: a graph's
+    // kernels compile on as many cores as it has parts.
+    std::vector<std::string> objects, logs(parts.size());
+    std::vector<absl::Status> status(parts.size());
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < parts.size(); ++i) {
+      objects.push_back(absl::StrCat(dir.path(), "/kernels_", i, ".o"));
+      std::vector<std::string> argv = {program};
+      for (const std::string& flag : compile_flags) {
+        if (flag != "-shared") argv.push_back(flag);
+      }
+      argv.insert(argv.end(), {"-c", "-o", objects.back(), srcs[i]});
+      threads.emplace_back([&, i, argv = std::move(argv)] {
+        status[i] = RunCompiler(argv, dir.path(), absl::StrCat("compile_", i, ".log"), options, what, &logs[i]);
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    for (size_t i = 0; i < parts.size(); ++i) {
+      if (!logs[i].empty()) absl::StrAppend(&out.log, "--- part ", i, " ---\n", logs[i]);
+    }
+    for (size_t i = 0; i < parts.size(); ++i) {
+      if (!status[i].ok()) {
+        return absl::Status(status[i].code(), absl::StrCat("part ", i, " of ", parts.size(), ": ",
+                                                           status[i].message()));
+      }
+    }
+    std::string link_log;
+    KILN_RETURN_IF_ERROR(RunCompiler(link_argv(objects), dir.path(), "link.log", options, what, &link_log));
+    if (!link_log.empty()) absl::StrAppend(&out.log, "--- link ---\n", link_log);
+    out.log = Truncate(std::move(out.log), options.max_log_bytes);
+  }
+  const absl::Time t2 = absl::Now();
+  out.timings.compile = t2 - t1;
   KILN_ASSIGN_OR_RETURN(out.bytes, ReadFile(so, size_t{1} << 31));
   out.timings.read = absl::Now() - t2;
   return out;
@@ -221,7 +280,7 @@ int CompilePool::in_flight() const {
   return in_flight_;
 }
 
-absl::StatusOr<CompiledBinary> CompilePool::Compile(absl::string_view source,
+absl::StatusOr<CompiledBinary> CompilePool::Compile(absl::Span<const std::string> parts,
                                                     const CompileOptions& options) {
   {
     absl::MutexLock lock(&mu_);
@@ -232,7 +291,7 @@ absl::StatusOr<CompiledBinary> CompilePool::Compile(absl::string_view source,
         this));
     ++in_flight_;
   }
-  absl::StatusOr<CompiledBinary> result = CompileSharedObject(source, options);
+  absl::StatusOr<CompiledBinary> result = CompileSharedObject(parts, options);
   absl::MutexLock lock(&mu_);
   --in_flight_;
   return result;

@@ -27,6 +27,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 
 namespace kiln::toolchain {
 
@@ -64,12 +65,22 @@ absl::StatusOr<std::string> CompilerIdentity(const std::string& compiler);
 
 absl::StatusOr<CompiledBinary> CompileSharedObject(absl::string_view source,
                                                    const CompileOptions& options);
+// The same for a source split into parts (each a whole translation unit: prelude + some
+// kernels): each part is compiled to an object file in its own process, all at once (time and
+// memory limits per process), then one process links them. An error names the part.
+absl::StatusOr<CompiledBinary> CompileSharedObject(absl::Span<const std::string> parts,
+                                                   const CompileOptions& options);
 
 class CompilePool {
  public:
   explicit CompilePool(int max_concurrent);
   // Waits for a free slot, then compiles in a worker process.
-  absl::StatusOr<CompiledBinary> Compile(absl::string_view source, const CompileOptions& options);
+  absl::StatusOr<CompiledBinary> Compile(absl::string_view source, const CompileOptions& options) {
+    const std::vector<std::string> parts = {std::string(source)};
+    return Compile(absl::MakeConstSpan(parts), options);
+  }
+  // A compile of several parts (CompileSharedObject) takes one slot.
+  absl::StatusOr<CompiledBinary> Compile(absl::Span<const std::string> parts, const CompileOptions& options);
   int max_concurrent() const { return max_concurrent_; }
   int in_flight() const;
 

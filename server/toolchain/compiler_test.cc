@@ -78,6 +78,28 @@ TEST_F(CompilerTest, CompilesToAnElfSharedObjectAndCleansUp) {
   EXPECT_EQ(EntriesInRoot(), 0);
 }
 
+// Parts compile in parallel processes and link into one shared object holding every part's
+// symbols; a part that fails is named in the error, and nothing is left behind either way.
+TEST_F(CompilerTest, PartsCompileApartAndLinkIntoOneObject) {
+  const std::vector<std::string> parts = {"extern \"C\" int kiln_part_a() { return 1; }\n",
+                                          "extern \"C\" int kiln_part_b() { return 2; }\n",
+                                          "extern \"C\" int kiln_part_c() { return 3; }\n"};
+  absl::StatusOr<CompiledBinary> b = CompileSharedObject(absl::MakeConstSpan(parts), options_);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(b->bytes.substr(0, 4), "\x7f" "ELF");
+  for (const char* symbol : {"kiln_part_a", "kiln_part_b", "kiln_part_c"}) {
+    EXPECT_TRUE(absl::StrContains(b->bytes, symbol)) << symbol;
+  }
+  EXPECT_EQ(EntriesInRoot(), 0);
+
+  const std::vector<std::string> bad = {parts[0], "int broken( {\n"};
+  absl::StatusOr<CompiledBinary> e = CompileSharedObject(absl::MakeConstSpan(bad), options_);
+  ASSERT_EQ(e.status().code(), absl::StatusCode::kInternal);
+  EXPECT_TRUE(absl::StrContains(e.status().message(), "part 1 of 2")) << e.status();
+  EXPECT_TRUE(absl::StrContains(e.status().message(), "compiler log")) << e.status();
+  EXPECT_EQ(EntriesInRoot(), 0);
+}
+
 TEST_F(CompilerTest, ClangCompilesToo) {
   if (!FindProgram("clang++-14").ok()) GTEST_SKIP() << "clang++-14 not installed";
   options_.compiler = "clang++-14";
