@@ -30,9 +30,9 @@
 // array per block; so memory is read row by row instead of one strided column at a time.
 // A phase that only folds an online softmax of a row short enough for a per-thread buffer
 // (kRowBufferBytes), whose output phases read x only as exp(x - max), runs in two passes instead:
-// the row's values go to the buffer while their maximum is taken, then each is overwritten with
-// exp(x - max) while they are summed, and the output reads the buffer: one exp per element instead
-// of two (exp_reuse.h), and no per-element online rescaling.
+// the row's maximum (an omp simd max reduction), then exp(x - max) into the buffer while it is
+// summed, and the output reads the buffer: one exp per element instead of two (exp_reuse.h), and
+// no per-element online rescaling.
 // Indices are 64-bit: the code is compiled with -fwrapv, under which a 32-bit
 // index may wrap, so g++ could not prove addresses affine and would not vectorize the loops.
 
@@ -136,7 +136,6 @@ class CpuKernelEmitter {
   void EmitSoftmaxTwoPass(const SoftmaxTwoPass& tp);
   // In an element scope of phase `p`: earlier two-pass phases' exp(x - max) read their buffer.
   void SeedExpReuse(size_t p);
-  std::string RowFlatIndex();
   void EmitDecompose(const std::string& unit, int num_dims);
   std::string ParallelPragma(const kernel::Size& work);
 

@@ -14,8 +14,6 @@ using kernel::AccKind;
 using kernel::ExprNode;
 using kernel::Stmt;
 using kernel::StmtKind;
-using kernel::Var;
-using kernel::VarKind;
 
 namespace {
 
@@ -24,15 +22,9 @@ constexpr int64_t kRowBufferBytes = 64 * 1024;
 
 }  // namespace
 
-std::string CpuKernelEmitter::RowFlatIndex() {
-  std::vector<Var> vars;
-  for (size_t i = 0; i < k_.reduce.size(); ++i) vars.push_back(Var{VarKind::kReduce, static_cast<int32_t>(i)});
-  return IndexCode(kernel::ContiguousIndex(vars, k_.reduce));
-}
-
 void CpuKernelEmitter::PlanSoftmaxTwoPass() {
   two_pass_.clear();
-  if (k_.reduce.empty()) return;
+  if (k_.reduce.size() != 1) return;  // softmax reduces one dim
   int64_t length = 1;
   for (const kernel::Size& s : k_.reduce) {
     const absl::optional<int64_t> c = s.AsConst();
@@ -73,7 +65,7 @@ void CpuKernelEmitter::PlanSoftmaxTwoPass() {
 void CpuKernelEmitter::SeedExpReuse(size_t p) {
   for (const SoftmaxTwoPass& tp : two_pass_) {
     if (p <= tp.phase) continue;
-    const std::string slot = absl::StrCat(tp.array, "[", RowFlatIndex(), "]");
+    const std::string slot = absl::StrCat(tp.array, "[r0]");
     for (const ExprNode* e : tp.exp_nodes) scopes_.back()[e] = slot;
   }
 }
@@ -82,46 +74,35 @@ void CpuKernelEmitter::EmitSoftmaxTwoPass(const SoftmaxTwoPass& tp) {
   const Stmt& s = *tp.stmt;
   const std::string t = ValueType(s.acc.dtype);
   const std::string acc = absl::StrCat("acc", s.acc.id);
-  const int lanes = std::max(1, options_.reduction_lanes);
-  const int m = static_cast<int>(k_.reduce.size());
-  w_.Linef("// phase ", tp.phase, ": softmax statistics in two passes over ", tp.array,
-           " (the row, then exp(x - max), read again below)");
+  const std::string extent = SizeCode(k_.reduce[0]);
+  w_.Linef("// phase ", tp.phase, ": softmax statistics in two passes, exp(x - max) kept in ", tp.array,
+           " for the phases below");
   w_.Open("");
   PushScope();
   HoistInvariants(k_.phases[tp.phase].stmts);
-  w_.Linef("kiln_cpu::MaxLanes<", t, ", ", lanes, "> kiln_max_l;");
-  for (int i = 0; i < m - 1; ++i) {
-    w_.Open(absl::StrCat("for (idx_t r", i, " = 0; r", i, " < ", SizeCode(k_.reduce[i]), "; ++r", i, ")"));
-  }
-  const std::string last = absl::StrCat("r", m - 1);
-  const std::string extent = SizeCode(k_.reduce[m - 1]);
-  auto element = [&](const std::string& lane) {
-    PushScope();
-    const std::string v = ExprCode(s.value);
-    w_.Linef(tp.array, "[", RowFlatIndex(), "] = ", v, ";");
-    w_.Linef("kiln_max_l.Update(", lane, ", ", v, ");");
-    PopScope();
-  };
-  w_.Linef("const idx_t kiln_full = ", extent, " - ", extent, " % ", lanes, ";");
-  w_.Open(absl::StrCat("for (idx_t kiln_base = 0; kiln_base < kiln_full; kiln_base += ", lanes, ")"));
-  w_.Open(absl::StrCat("for (int kiln_lane = 0; kiln_lane < ", lanes, "; ++kiln_lane)"));
-  w_.Linef("const idx_t ", last, " = kiln_base + kiln_lane;");
-  element("kiln_lane");
-  w_.Close();
-  w_.Close();
-  w_.Open(absl::StrCat("for (idx_t ", last, " = kiln_full; ", last, " < ", extent, "; ++", last, ")"));
-  element("0");
-  w_.Close();
-  for (int i = 0; i < m - 1; ++i) w_.Close();
-  // A NaN anywhere makes the maximum NaN and then every exp and the sum NaN (torch's result); a
-  // row of -inf gives exp(-inf - -inf) = NaN too, as torch does.
+  // Pass 1: the maximum, as an omp simd max reduction (vectorized; kiln_cpu::maximum's NaN rule
+  // in lanes does not vectorize) plus an or-reduction that notes NaN, which then wins.
   w_.Linef(t, " kiln_max = kiln_cpu::lowest<", t, ">();");
-  w_.Line("kiln_max_l.CombineInto(kiln_max);");
+  w_.Line("int kiln_nan = 0;");
+  w_.Raw("#pragma omp simd reduction(max:kiln_max) reduction(|:kiln_nan)");
+  w_.Open(absl::StrCat("for (idx_t r0 = 0; r0 < ", extent, "; ++r0)"));
+  PushScope();
+  const std::string v = ExprCode(s.value);
+  w_.Linef("kiln_max = ", v, " > kiln_max ? ", v, " : kiln_max;");
+  w_.Linef("kiln_nan |= ", v, " != ", v, ";");
+  PopScope();
+  w_.Close();
+  w_.Linef("if (kiln_nan) kiln_max = kiln_cpu::nan<", t, ">();");
+  // Pass 2 (the row is in cache now): exp(x - max) into the buffer, and its sum. A NaN anywhere
+  // made the maximum NaN, so every exp and the sum are NaN (torch's result); a row of -inf gives
+  // exp(-inf - -inf) = NaN as in torch.
   w_.Linef(t, " kiln_sum = 0;");
   w_.Raw("#pragma omp simd reduction(+:kiln_sum)");
-  w_.Open(absl::StrCat("for (idx_t kiln_e = 0; kiln_e < ", tp.length, "; ++kiln_e)"));
-  w_.Linef("const ", t, " kiln_x = kiln_cpu::exp(", tp.array, "[kiln_e] - kiln_max);");
-  w_.Linef(tp.array, "[kiln_e] = kiln_x;");
+  w_.Open(absl::StrCat("for (idx_t r0 = 0; r0 < ", extent, "; ++r0)"));
+  PushScope();
+  w_.Linef("const ", t, " kiln_x = kiln_cpu::exp(", ExprCode(s.value), " - kiln_max);");
+  PopScope();
+  w_.Linef(tp.array, "[r0] = kiln_x;");
   w_.Line("kiln_sum += kiln_x;");
   w_.Close();
   w_.Linef(acc, ".max = kiln_max;");

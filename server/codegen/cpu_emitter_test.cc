@@ -69,30 +69,23 @@ extern "C" __attribute__((visibility("default"))) void kiln_kernel_0(void* const
     const idx_t o0 = kiln_u;
     kiln_cpu::OnlineSoftmax<float> acc0;
     float kiln_row0[1000];
-    // phase 0: softmax statistics in two passes over kiln_row0 (the row, then exp(x - max), read again below)
+    // phase 0: softmax statistics in two passes, exp(x - max) kept in kiln_row0 for the phases below
     {
-      kiln_cpu::MaxLanes<float, 16> kiln_max_l;
-      const idx_t kiln_full = 1000 - 1000 % 16;
-      for (idx_t kiln_base = 0; kiln_base < kiln_full; kiln_base += 16) {
-        for (int kiln_lane = 0; kiln_lane < 16; ++kiln_lane) {
-          const idx_t r0 = kiln_base + kiln_lane;
-          const float v0 = b0[o0 * 1000 + r0];
-          kiln_row0[r0] = v0;
-          kiln_max_l.Update(kiln_lane, v0);
-        }
-      }
-      for (idx_t r0 = kiln_full; r0 < 1000; ++r0) {
-        const float v1 = b0[o0 * 1000 + r0];
-        kiln_row0[r0] = v1;
-        kiln_max_l.Update(0, v1);
-      }
       float kiln_max = kiln_cpu::lowest<float>();
-      kiln_max_l.CombineInto(kiln_max);
+      int kiln_nan = 0;
+#pragma omp simd reduction(max:kiln_max) reduction(|:kiln_nan)
+      for (idx_t r0 = 0; r0 < 1000; ++r0) {
+        const float v0 = b0[o0 * 1000 + r0];
+        kiln_max = v0 > kiln_max ? v0 : kiln_max;
+        kiln_nan |= v0 != v0;
+      }
+      if (kiln_nan) kiln_max = kiln_cpu::nan<float>();
       float kiln_sum = 0;
 #pragma omp simd reduction(+:kiln_sum)
-      for (idx_t kiln_e = 0; kiln_e < 1000; ++kiln_e) {
-        const float kiln_x = kiln_cpu::exp(kiln_row0[kiln_e] - kiln_max);
-        kiln_row0[kiln_e] = kiln_x;
+      for (idx_t r0 = 0; r0 < 1000; ++r0) {
+        const float v1 = b0[o0 * 1000 + r0];
+        const float kiln_x = kiln_cpu::exp(v1 - kiln_max);
+        kiln_row0[r0] = kiln_x;
         kiln_sum += kiln_x;
       }
       acc0.max = kiln_max;
