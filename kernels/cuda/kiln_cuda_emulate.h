@@ -6,12 +6,16 @@
 // (//server/codegen:cuda_emulation_test). Placed before the CUDA prelude in a host C++17
 // translation unit: every CUDA thread of a block is a std::thread; __syncthreads is a barrier of
 // the block's threads and __shfl_xor_sync exchanges through memory between two barriers of the
-// warp's 32 threads; blocks run one after another (so a __shared__ array can be a static).
+// warp's 32 threads; blocks run one after another (so a __shared__ array can be a static), except
+// the blocks of one cluster (kiln_cuda_cluster.cuh), which run concurrently: their shared memory
+// is cluster_smem (one arena per block, not a static), cluster_sync is a barrier of the cluster's
+// threads and cluster_word reads another block's arena at the same offset.
 // Never embedded into generated code.
 
 #define KILN_CUDA_EMULATE 1
 
 #include <condition_variable>
+#include <cstdlib>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -22,7 +26,8 @@
 #include <vector>
 
 #define __global__
-#define __launch_bounds__(n)
+#define __launch_bounds__(...)
+#define __cluster_dims__(...)
 #define __shared__ static
 
 struct kiln_emu_dim3 {
@@ -54,16 +59,41 @@ class Barrier {
   long generation_ = 0;
 };
 
+constexpr int kSmemBytes = 64 * 1024;  // a block's cluster_smem arena
+
 struct Block {
-  explicit Block(int threads) : block(threads), slots(threads) {
+  explicit Block(int threads) : block(threads), slots(threads), smem(kSmemBytes / 16) {
     for (int w = 0; w < (threads + 31) / 32; ++w) warps.emplace_back(new Barrier(32));
   }
   Barrier block;
   std::vector<std::unique_ptr<Barrier>> warps;
   std::vector<unsigned> slots;
+  struct alignas(16) Chunk { unsigned char b[16]; };
+  std::vector<Chunk> smem;
+  unsigned char* arena() { return smem.front().b; }
+};
+
+struct Cluster {
+  explicit Cluster(int threads) : barrier(threads) {}
+  Barrier barrier;
+  std::vector<Block*> blocks;  // by rank
 };
 
 inline thread_local Block* tl_block = nullptr;
+inline thread_local Cluster* tl_cluster = nullptr;
+
+inline unsigned char* BlockSmem(int bytes) {
+  if (bytes > kSmemBytes) std::abort();
+  return tl_block->arena();
+}
+inline void ClusterSync() { tl_cluster->barrier.Wait(); }
+inline uint32_t ClusterWord(const uint32_t* p, unsigned rank) {
+  const size_t offset = reinterpret_cast<const unsigned char*>(p) - tl_block->arena();
+  if (rank >= tl_cluster->blocks.size() || offset + 4 > static_cast<size_t>(kSmemBytes)) std::abort();
+  uint32_t v;
+  std::memcpy(&v, tl_cluster->blocks[rank]->arena() + offset, 4);
+  return v;
+}
 
 }  // namespace kiln_emu
 
@@ -94,32 +124,43 @@ P Arg(void* const* buffers, const int64_t* scalars, size_t i, size_t num_buffers
   }
 }
 
-// Runs fn<<<grid, block>>>(buffers..., scalars...) with the emitter's parameter convention.
+// Runs fn<<<grid, block>>>(buffers..., scalars...) with the emitter's parameter convention, in
+// clusters of `cluster` blocks (grid a multiple of it; 1: no clusters).
 template <typename... P, size_t... I>
 void LaunchImpl(void (*fn)(P...), void* const* buffers, const int64_t* scalars, int grid, int block,
-                std::index_sequence<I...>) {
+                int cluster, std::index_sequence<I...>) {
   constexpr size_t num_buffers = (size_t{0} + ... + (std::is_pointer<P>::value ? 1 : 0));
+  if (cluster < 1 || grid % cluster != 0) std::abort();
   gridDim.x = static_cast<unsigned>(grid);
   blockDim.x = static_cast<unsigned>(block);
-  for (int b = 0; b < grid; ++b) {
-    Block blk(block);
+  for (int b0 = 0; b0 < grid; b0 += cluster) {
+    Cluster cl(cluster * block);
+    std::vector<std::unique_ptr<Block>> blocks;
+    for (int r = 0; r < cluster; ++r) {
+      blocks.emplace_back(new Block(block));
+      cl.blocks.push_back(blocks.back().get());
+    }
     std::vector<std::thread> threads;
-    threads.reserve(block);
-    for (int t = 0; t < block; ++t) {
-      threads.emplace_back([&, b, t] {
-        threadIdx.x = static_cast<unsigned>(t);
-        blockIdx.x = static_cast<unsigned>(b);
-        tl_block = &blk;
-        fn(Arg<P>(buffers, scalars, I, num_buffers)...);
-      });
+    threads.reserve(cluster * block);
+    for (int r = 0; r < cluster; ++r) {
+      for (int t = 0; t < block; ++t) {
+        threads.emplace_back([&, r, t] {
+          threadIdx.x = static_cast<unsigned>(t);
+          blockIdx.x = static_cast<unsigned>(b0 + r);
+          tl_block = blocks[r].get();
+          tl_cluster = &cl;
+          fn(Arg<P>(buffers, scalars, I, num_buffers)...);
+        });
+      }
     }
     for (std::thread& th : threads) th.join();
   }
 }
 
 template <typename... P>
-void Launch(void (*fn)(P...), void* const* buffers, const int64_t* scalars, int grid, int block) {
-  LaunchImpl(fn, buffers, scalars, grid, block, std::index_sequence_for<P...>());
+void Launch(void (*fn)(P...), void* const* buffers, const int64_t* scalars, int grid, int block,
+            int cluster = 1) {
+  LaunchImpl(fn, buffers, scalars, grid, block, cluster, std::index_sequence_for<P...>());
 }
 
 }  // namespace kiln_emu

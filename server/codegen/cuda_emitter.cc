@@ -13,6 +13,7 @@
 #include "kernels/cuda/embedded_headers.h"
 #include "server/codegen/code_writer.h"
 #include "server/codegen/cpu_emitter.h"
+#include "server/codegen/cuda_long_rows.h"
 #include "server/kernel/printer.h"
 #include "server/base/status_macros.h"
 
@@ -44,7 +45,6 @@ constexpr int kWarpRowLimit = 1024;  // static reduction lengths up to this: a w
 constexpr int kColumnPoints = 32;    // kColumn: consecutive outer points per block
 constexpr int kRowsBlock = 256;      // kWarpPerRow block size
 constexpr int kThreadsPerSm = 2048;
-constexpr int kRowValues = 32;  // kBlockPerRow: cached values per thread the block size aims at
 constexpr int kRowWaves = 4;    // row kernels: grid cap in waves of blocks that fit by threads
 constexpr int kTile = 32;      // kTiled: a tile of kTile (y) x kTileX (x) points per block step
 constexpr int kTileX = 64;     // (8 loads in flight per thread)
@@ -137,6 +137,7 @@ const char* CudaLayoutName(CudaLayout layout) {
     case CudaLayout::kBlockPerRow: return "block_per_row";
     case CudaLayout::kColumn: return "column";
     case CudaLayout::kTiled: return "tiled";
+    case CudaLayout::kClusterRow: return "cluster_row";
   }
   return "?";
 }
@@ -144,11 +145,12 @@ const char* CudaLayoutName(CudaLayout layout) {
 absl::StatusOr<int64_t> CudaGridSize(const CudaLaunch& launch, const std::vector<int64_t>& scalars) {
   const absl::optional<int64_t> work = launch.work.Evaluate(scalars);
   if (!work) return absl::InvalidArgumentError("cuda launch: work size needs missing scalars");
-  if (launch.work_per_block <= 0 || launch.max_grid <= 0) {
-    return absl::InvalidArgumentError("cuda launch: bad work_per_block or max_grid");
+  if (launch.work_per_block <= 0 || launch.max_grid <= 0 || launch.cluster <= 0) {
+    return absl::InvalidArgumentError("cuda launch: bad work_per_block, max_grid or cluster");
   }
   const int64_t blocks = *work <= 0 ? 1 : (*work - 1) / launch.work_per_block + 1;
-  return std::max<int64_t>(1, std::min(blocks, launch.max_grid));
+  const int64_t grid = std::max<int64_t>(1, std::min(blocks, launch.max_grid));
+  return (grid + launch.cluster - 1) / launch.cluster * launch.cluster;
 }
 
 namespace {
@@ -283,12 +285,10 @@ class CudaKernelEmitter : public CpuKernelEmitter {
     }
     for (int i = 0; i < k_.num_scalars; ++i) params.push_back(absl::StrCat("int64_t n", i));
     if (fits.empty()) {
-      head.Open(absl::StrCat("extern \"C\" __global__ void __launch_bounds__(", launch_.block, ") ",
+      head.Open(absl::StrCat("extern \"C\" __global__ void ", KernelAttributes(),
                              CpuKernelSymbol(index_), "(", absl::StrJoin(params, ", "), ")"));
       head.Linef("using idx_t = ", idx32_ ? "int32_t" : "int64_t", ";");
-      if (smem_bytes_ > 0) {
-        head.Linef("alignas(16) __shared__ unsigned char kiln_smem[", smem_bytes_, "];");
-      }
+      if (smem_bytes_ > 0) head.Line(SmemDeclaration());
       result_ = head.Take();
       result_ += hoisted_.str();
       result_ += w_.str();
@@ -313,11 +313,9 @@ class CudaKernelEmitter : public CpuKernelEmitter {
     result_ += w_.str();
     result_ += "}\n";
     CodeWriter kernel;
-    kernel.Open(absl::StrCat("extern \"C\" __global__ void __launch_bounds__(", launch_.block, ") ",
+    kernel.Open(absl::StrCat("extern \"C\" __global__ void ", KernelAttributes(),
                              CpuKernelSymbol(index_), "(", absl::StrJoin(params, ", "), ")"));
-    if (smem_bytes_ > 0) {
-      kernel.Linef("alignas(16) __shared__ unsigned char kiln_smem[", smem_bytes_, "];");
-    }
+    if (smem_bytes_ > 0) kernel.Line(SmemDeclaration());
     kernel.Open(absl::StrCat("if (", fits, ")"));
     kernel.Linef(body, "<int32_t>(", absl::StrJoin(args, ", "), ");");
     kernel.Close();
@@ -326,6 +324,45 @@ class CudaKernelEmitter : public CpuKernelEmitter {
     kernel.Close();
     result_ += kernel.Take();
     result_ += "}\n";
+  }
+
+  std::string KernelAttributes() const {
+    if (launch_.layout != CudaLayout::kClusterRow) {
+      return absl::StrCat("__launch_bounds__(", launch_.block, ") ");
+    }
+    // <= 64 registers a thread (what 1024 threads have): two blocks of 512 per SM.
+    return absl::StrCat("__cluster_dims__(", launch_.cluster, ", 1, 1) __launch_bounds__(",
+                        launch_.block, ", ", std::max(1, 1024 / launch_.block), ") ");
+  }
+
+  std::string SmemDeclaration() const {
+    if (launch_.layout == CudaLayout::kClusterRow) {
+      return absl::StrCat("unsigned char* const kiln_smem = kiln_cuda::cluster_smem<", smem_bytes_,
+                          ">();");
+    }
+    return absl::StrCat("alignas(16) __shared__ unsigned char kiln_smem[", smem_bytes_, "];");
+  }
+
+  // kClusterRow's shape for a row kernel of static length `total` (cuda_long_rows.h), or nullopt.
+  absl::optional<ClusterRowChoice> ChooseCluster(int64_t total, absl::optional<int64_t> rows) {
+    if (!ArchHasClusters(cuda_.arch)) return absl::nullopt;
+    ClusterRowFacts facts;
+    facts.length = total;
+    facts.rows = rows;
+    facts.recurring_loads = RecurringLoads();
+    if (k_.reduce.size() == 1) {
+      std::vector<Stmt> all;
+      for (const kernel::Phase& p : k_.phases) all.insert(all.end(), p.stmts.begin(), p.stmts.end());
+      const int width = PlanVector(all, Var{VarKind::kReduce, 0}).width;
+      facts.vector_width = total % width == 0 ? width : 1;
+    }
+    ClusterRowLimits limits;
+    limits.num_sms = num_sms_;
+    limits.max_cluster = cuda_.max_cluster;
+    limits.max_row_block = cuda_.max_row_block;
+    limits.row_values = cuda_.row_values;
+    limits.max_cached_values = cuda_.max_cached_values;
+    return ChooseClusterRows(facts, limits);
   }
 
   // A run-time condition on the scalars under which 32-bit indices are safe: the work and every
@@ -741,15 +778,29 @@ class CudaKernelEmitter : public CpuKernelEmitter {
       // several rows per SM. 8192 columns: 256 threads; 32768: 1024.
       int block = 512;
       if (total_c) {
-        const int64_t per_thread = std::max<int64_t>(4, kRowValues / std::max(1, RecurringLoads()));
-        block = 128;
-        while (block < 1024 && *total_c > int64_t{block} * per_thread) block *= 2;
+        const int64_t per_thread =
+            std::max<int64_t>(4, cuda_.row_values / std::max(1, RecurringLoads()));
+        block = std::min(128, cuda_.max_row_block);
+        while (block < cuda_.max_row_block && *total_c > int64_t{block} * per_thread) block *= 2;
       }
       launch_.block = block;
       group_ = block;
       launch_.work_per_block = 1;
       launch_.max_grid = int64_t{num_sms_} * (kThreadsPerSm / block);
       smem_bytes_ = 32 * max_state;
+      if (total_c) {
+        if (const absl::optional<ClusterRowChoice> c = ChooseCluster(*total_c, rows.AsConst())) {
+          // A row over the blocks of a cluster: slots for the block all-reduce, then the two
+          // published slots of 8 words (kiln_cuda_cluster.cuh).
+          launch_.layout = CudaLayout::kClusterRow;
+          launch_.block = c->block;
+          launch_.cluster = c->cluster;
+          launch_.work = rows * Size::Const(c->cluster);
+          group_ = c->block * c->cluster;
+          pub_offset_ = 32 * max_state;
+          smem_bytes_ = pub_offset_ + 64;
+        }
+      }
     }
     const std::string rows_code = SizeCode(rows);
     switch (launch_.layout) {
@@ -763,6 +814,16 @@ class CudaKernelEmitter : public CpuKernelEmitter {
         w_.Line("const int kiln_lane = threadIdx.x;");
         w_.Open(absl::StrCat("for (idx_t kiln_u = blockIdx.x; kiln_u < ", rows_code,
                              "; kiln_u += gridDim.x)"));
+        break;
+      case CudaLayout::kClusterRow:
+        // Every block of a cluster runs the same rows (the barriers inside the all-reduces).
+        w_.Linef("const int kiln_lane = static_cast<int>(blockIdx.x % ", launch_.cluster, "u) * ",
+                 launch_.block, " + static_cast<int>(threadIdx.x);");
+        w_.Linef("uint32_t* const kiln_pub = reinterpret_cast<uint32_t*>(kiln_smem + ", pub_offset_,
+                 ");");
+        w_.Line("unsigned kiln_parity = 0;");
+        w_.Open(absl::StrCat("for (idx_t kiln_u = blockIdx.x / ", launch_.cluster, "u; kiln_u < ",
+                             rows_code, "; kiln_u += gridDim.x / ", launch_.cluster, "u)"));
         break;
       default:
         w_.Linef("const int kiln_lane = threadIdx.x / ", kColumnPoints, ";");
@@ -802,11 +863,15 @@ class CudaKernelEmitter : public CpuKernelEmitter {
       EmitRow(plan);
     }
     w_.Close();
+    if (launch_.layout == CudaLayout::kClusterRow) {
+      w_.Line("kiln_cuda::cluster_sync();  // no block leaves while others may read its slots");
+    }
     if (launch_.layout != CudaLayout::kColumn) {
       // Several waves of blocks (as many as there are rows, up to kRowWaves times what fits by
       // threads): how many blocks are resident depends on registers that only ptxas knows, and
       // a persistent grid sized by a wrong guess leaves a partial last wave as long as the rest.
-      launch_.max_grid = int64_t{num_sms_} * (kThreadsPerSm / launch_.block) * kRowWaves;
+      launch_.max_grid = int64_t{num_sms_} * (kThreadsPerSm / launch_.block) * kRowWaves /
+                         launch_.cluster * launch_.cluster;
     }
   }
 
@@ -1108,6 +1173,10 @@ class CudaKernelEmitter : public CpuKernelEmitter {
           w_.Linef(value, " = kiln_cuda::block_allreduce<", launch_.block / 32, ">(", value, ", ", op,
                    ", kiln_smem);");
           break;
+        case CudaLayout::kClusterRow:
+          w_.Linef(value, " = kiln_cuda::cluster_allreduce<", launch_.block / 32, ", ",
+                   launch_.cluster, ">(", value, ", ", op, ", kiln_smem, kiln_pub, &kiln_parity);");
+          break;
         default:
           w_.Linef(value, " = kiln_cuda::column_allreduce(", value, ", ", op, ", kiln_smem, ",
                    kColumnPoints, ");");
@@ -1180,6 +1249,7 @@ class CudaKernelEmitter : public CpuKernelEmitter {
   CudaLaunch launch_;
   int group_ = 1;        // threads per row
   int smem_bytes_ = 0;   // static shared memory for the all-reduce
+  int pub_offset_ = 0;   // kClusterRow: where the published slots start in kiln_smem
   int width_ = 1;        // vector width of the row path being emitted
   int lane_ = -1;        // the vector lane being emitted, or -1
   int phase_ = -1;       // the phase being emitted, or -1

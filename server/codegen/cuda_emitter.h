@@ -69,6 +69,14 @@
 //     x * (1 / s) with the reciprocal once per row (within 1.5 ulp of x / s; s >= 1, 0 or NaN).
 //   * kColumn: reductions whose loads are contiguous across outer points (column sums): a block
 //     serves 32 consecutive points with block/32 threads each; partials meet in shared memory.
+//   * kClusterRow (sm_90+, static lengths; cuda_long_rows.h decides): kBlockPerRow with a row
+//     spread over the `cluster` blocks of a thread-block cluster (__cluster_dims__(cluster, 1, 1),
+//     __launch_bounds__(block, 1024 / block)), lane = rank * block + threadIdx.x of a group of
+//     cluster * block threads; all-reduces go through the cluster's distributed shared memory
+//     (kiln_cuda_cluster.cuh). For rows too long for one block's registers (read once from HBM,
+//     cached in the cluster's registers) and for fewer rows than SMs (a split reduction). The
+//     grid is a multiple of `cluster` (CudaGridSize rounds it); the kernel ends with a cluster
+//     barrier. Shared memory comes from cluster_smem (emulation gives each block its own).
 //
 // Guarantees: as the CPU emitter (names generated only; no graph strings; constants exact).
 // Accumulation is fp32 for f16/bf16 data (the IR's accumulators are f32/f64); NaN propagates.
@@ -84,7 +92,7 @@
 namespace kiln::codegen {
 
 struct CudaEmitOptions {
-  std::string arch = "sm_90";  // decides the default SM count only (the source does not depend on it)
+  std::string arch = "sm_90";  // decides the default SM count, and kClusterRow (sm_90+ only)
   int num_sms = 0;             // 0: 132 for sm_90*, 108 for sm_80, 132 otherwise
   bool include_prelude = true;  // false only in tests that look at kernels alone
   int pointwise_block = 256;
@@ -93,9 +101,12 @@ struct CudaEmitOptions {
                                  // most half of what the block size leaves a thread)
   bool vectorize = true;
   bool tile = true;  // kTiled for pointwise kernels with transposed loads
+  int row_values = 32;       // row kernels: cached values per thread a block size aims at
+  int max_row_block = 1024;  // row kernels: the largest block
+  int max_cluster = 8;       // kClusterRow: blocks per cluster (< 2: never; sm_8x: never)
 };
 
-enum class CudaLayout { kPointwise, kWarpPerRow, kBlockPerRow, kColumn, kTiled };
+enum class CudaLayout { kPointwise, kWarpPerRow, kBlockPerRow, kColumn, kTiled, kClusterRow };
 const char* CudaLayoutName(CudaLayout layout);  // "pointwise", "warp_per_row", ...
 
 struct CudaLaunch {
@@ -107,10 +118,11 @@ struct CudaLaunch {
   int64_t max_grid = 1;
   int vector_width = 1;     // elements per vector access (1: none)
   int cached_values = 0;    // registers per thread caching a row (0: none)
+  int cluster = 1;          // blocks per thread-block cluster (compile-time __cluster_dims__)
 };
 
-// grid = clamp(ceil(work / work_per_block), 1, max_grid); INVALID_ARGUMENT if `work` needs a
-// scalar that is missing or the value overflows.
+// grid = clamp(ceil(work / work_per_block), 1, max_grid) rounded up to a multiple of `cluster`;
+// INVALID_ARGUMENT if `work` needs a scalar that is missing or the value overflows.
 absl::StatusOr<int64_t> CudaGridSize(const CudaLaunch& launch, const std::vector<int64_t>& scalars);
 
 struct CudaSource {

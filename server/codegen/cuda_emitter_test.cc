@@ -422,6 +422,205 @@ TEST(CudaEmitter, SixtyFourBitIndicesForHugeSizesAndAThirtyTwoBitInstanceForScal
   EXPECT_TRUE(absl::StrContains(EmitOne(kt::Bf16Chain(int64_t{3} << 30)), "using idx_t = int64_t;"));
 }
 
+// A 65536-column f32 softmax does not fit one block's registers: on sm_90 the row is spread over
+// a cluster of 4 blocks of 512 threads (32 values each, read once), the all-reduces meet in
+// distributed shared memory, and the grid is a multiple of the cluster. sm_80 keeps one block.
+TEST(CudaEmitterGolden, RowsTooLongForABlockSpreadOverACluster) {
+  CudaLaunch launch;
+  const std::string src = EmitOne(kt::RowSoftmax(65536, false), true, &launch);
+  EXPECT_EQ(launch.layout, CudaLayout::kClusterRow);
+  EXPECT_EQ(launch.cluster, 4);
+  EXPECT_EQ(launch.block, 512);
+  EXPECT_EQ(launch.cached_values, 32);
+  EXPECT_EQ(src, R"(// kiln_kernel_0: cluster_row, 1 outer dims, 1 reduction dims, 2 phases, vector width 4, 32 cached values per thread
+template <typename idx_t>
+KILN_DEV void kiln_kernel_0_body(const float* __restrict__ b0, float* __restrict__ b1, int64_t n0, unsigned char* kiln_smem) {
+  const bool kiln_vec = kiln_cuda::aligned(b0, 16) && kiln_cuda::aligned(b1, 16);
+  const int kiln_lane = static_cast<int>(blockIdx.x % 4u) * 512 + static_cast<int>(threadIdx.x);
+  uint32_t* const kiln_pub = reinterpret_cast<uint32_t*>(kiln_smem + 256);
+  unsigned kiln_parity = 0;
+  for (idx_t kiln_u = blockIdx.x / 4u; kiln_u < n0; kiln_u += gridDim.x / 4u) {
+    const idx_t o0 = kiln_u;
+    if (kiln_vec) {
+      kiln_cuda::OnlineSoftmax<float> acc0;
+      float kiln_c0[32];
+      // phase 0
+#pragma unroll
+      for (int kiln_e = 0; kiln_e < 8; ++kiln_e) {
+        const idx_t kiln_rb = (static_cast<idx_t>(kiln_e) * 2048 + kiln_lane) * 4;
+        {
+          const idx_t r0 = kiln_rb;
+          const kiln_cuda::Vec<float, 4> kiln_lv0 = kiln_cuda::load_vec<4>(b0 + (o0 * 65536 + r0));
+          {
+            const idx_t kiln_r = kiln_rb + 0;
+            const idx_t r0 = kiln_r;
+            kiln_c0[kiln_e * 4 + 0] = kiln_lv0.v[0];
+            const float v0 = kiln_c0[kiln_e * 4 + 0];
+            acc0.max = kiln_cuda::max_nan(acc0.max, v0);
+          }
+          {
+            const idx_t kiln_r = kiln_rb + 1;
+            const idx_t r0 = kiln_r;
+            kiln_c0[kiln_e * 4 + 1] = kiln_lv0.v[1];
+            const float v1 = kiln_c0[kiln_e * 4 + 1];
+            acc0.max = kiln_cuda::max_nan(acc0.max, v1);
+          }
+          {
+            const idx_t kiln_r = kiln_rb + 2;
+            const idx_t r0 = kiln_r;
+            kiln_c0[kiln_e * 4 + 2] = kiln_lv0.v[2];
+            const float v2 = kiln_c0[kiln_e * 4 + 2];
+            acc0.max = kiln_cuda::max_nan(acc0.max, v2);
+          }
+          {
+            const idx_t kiln_r = kiln_rb + 3;
+            const idx_t r0 = kiln_r;
+            kiln_c0[kiln_e * 4 + 3] = kiln_lv0.v[3];
+            const float v3 = kiln_c0[kiln_e * 4 + 3];
+            acc0.max = kiln_cuda::max_nan(acc0.max, v3);
+          }
+        }
+      }
+      acc0.max = kiln_cuda::cluster_allreduce<16, 4>(acc0.max, kiln_cuda::MaxOp(), kiln_smem, kiln_pub, &kiln_parity);
+      {
+#pragma unroll
+        for (int kiln_e = 0; kiln_e < 8; ++kiln_e) {
+          kiln_c0[kiln_e * 4 + 0] = kiln_cuda::exp(kiln_c0[kiln_e * 4 + 0] - acc0.max);
+          acc0.sum += kiln_c0[kiln_e * 4 + 0];
+          kiln_c0[kiln_e * 4 + 1] = kiln_cuda::exp(kiln_c0[kiln_e * 4 + 1] - acc0.max);
+          acc0.sum += kiln_c0[kiln_e * 4 + 1];
+          kiln_c0[kiln_e * 4 + 2] = kiln_cuda::exp(kiln_c0[kiln_e * 4 + 2] - acc0.max);
+          acc0.sum += kiln_c0[kiln_e * 4 + 2];
+          kiln_c0[kiln_e * 4 + 3] = kiln_cuda::exp(kiln_c0[kiln_e * 4 + 3] - acc0.max);
+          acc0.sum += kiln_c0[kiln_e * 4 + 3];
+        }
+      }
+      acc0.sum = kiln_cuda::cluster_allreduce<16, 4>(acc0.sum, kiln_cuda::SumOp(), kiln_smem, kiln_pub, &kiln_parity);
+      if (acc0.max == -kiln_cuda::inf<float>()) acc0.sum = float(0);
+      // phase 1
+#pragma unroll
+      for (int kiln_e = 0; kiln_e < 8; ++kiln_e) {
+        const idx_t kiln_rb = (static_cast<idx_t>(kiln_e) * 2048 + kiln_lane) * 4;
+        {
+          const idx_t r0 = kiln_rb;
+          kiln_cuda::Vec<float, 4> kiln_sv0;
+          {
+            const idx_t kiln_r = kiln_rb + 0;
+            const idx_t r0 = kiln_r;
+            const float v4 = kiln_c0[kiln_e * 4 + 0] * (float(1) / acc0.sum);
+            kiln_sv0.v[0] = v4;
+          }
+          {
+            const idx_t kiln_r = kiln_rb + 1;
+            const idx_t r0 = kiln_r;
+            const float v5 = kiln_c0[kiln_e * 4 + 1] * (float(1) / acc0.sum);
+            kiln_sv0.v[1] = v5;
+          }
+          {
+            const idx_t kiln_r = kiln_rb + 2;
+            const idx_t r0 = kiln_r;
+            const float v6 = kiln_c0[kiln_e * 4 + 2] * (float(1) / acc0.sum);
+            kiln_sv0.v[2] = v6;
+          }
+          {
+            const idx_t kiln_r = kiln_rb + 3;
+            const idx_t r0 = kiln_r;
+            const float v7 = kiln_c0[kiln_e * 4 + 3] * (float(1) / acc0.sum);
+            kiln_sv0.v[3] = v7;
+          }
+          kiln_cuda::store_vec<4>(b1 + (o0 * 65536 + r0), kiln_sv0);
+        }
+      }
+    }
+    else {
+      kiln_cuda::OnlineSoftmax<float> acc0;
+      float kiln_c0[32];
+      // phase 0
+#pragma unroll
+      for (int kiln_e = 0; kiln_e < 32; ++kiln_e) {
+        const idx_t kiln_rb = static_cast<idx_t>(kiln_e) * 2048 + kiln_lane;
+        const idx_t kiln_r = kiln_rb;
+        const idx_t r0 = kiln_r;
+        kiln_c0[kiln_e] = b0[o0 * 65536 + r0];
+        const float v8 = kiln_c0[kiln_e];
+        acc0.max = kiln_cuda::max_nan(acc0.max, v8);
+      }
+      acc0.max = kiln_cuda::cluster_allreduce<16, 4>(acc0.max, kiln_cuda::MaxOp(), kiln_smem, kiln_pub, &kiln_parity);
+      {
+#pragma unroll
+        for (int kiln_e = 0; kiln_e < 32; ++kiln_e) {
+          kiln_c0[kiln_e] = kiln_cuda::exp(kiln_c0[kiln_e] - acc0.max);
+          acc0.sum += kiln_c0[kiln_e];
+        }
+      }
+      acc0.sum = kiln_cuda::cluster_allreduce<16, 4>(acc0.sum, kiln_cuda::SumOp(), kiln_smem, kiln_pub, &kiln_parity);
+      if (acc0.max == -kiln_cuda::inf<float>()) acc0.sum = float(0);
+      // phase 1
+#pragma unroll
+      for (int kiln_e = 0; kiln_e < 32; ++kiln_e) {
+        const idx_t kiln_rb = static_cast<idx_t>(kiln_e) * 2048 + kiln_lane;
+        const idx_t kiln_r = kiln_rb;
+        const idx_t r0 = kiln_r;
+        const float v9 = kiln_c0[kiln_e] * (float(1) / acc0.sum);
+        b1[o0 * 65536 + r0] = v9;
+      }
+    }
+  }
+  kiln_cuda::cluster_sync();  // no block leaves while others may read its slots
+}
+extern "C" __global__ void __cluster_dims__(4, 1, 1) __launch_bounds__(512, 2) kiln_kernel_0(const float* __restrict__ b0, float* __restrict__ b1, int64_t n0) {
+  unsigned char* const kiln_smem = kiln_cuda::cluster_smem<320>();
+  if (65536.0 * static_cast<double>(n0) <= 2143289343.0) {
+    kiln_kernel_0_body<int32_t>(b0, b1, n0, kiln_smem);
+  }
+  else {
+    kiln_kernel_0_body<int64_t>(b0, b1, n0, kiln_smem);
+  }
+}
+)");
+  EXPECT_EQ(CudaGridSize(launch, {5}).value(), 20);
+  EXPECT_EQ(CudaGridSize(launch, {0}).value(), 4);
+  EXPECT_EQ(CudaGridSize(launch, {1 << 20}).value() % 4, 0);
+}
+
+TEST(CudaEmitter, ClustersOnlyOnSm90AndForFewLongRowsOrRowsTooLongForABlock) {
+  CudaLaunch launch;
+  // sm_80 has no clusters: one block per row, not cached.
+  absl::StatusOr<Kernel> k = kt::RowSoftmax(65536, false);
+  ASSERT_TRUE(k.ok());
+  CudaEmitOptions a100;
+  a100.arch = "sm_80";
+  absl::StatusOr<CudaSource> s80 = EmitCudaSource({*k}, a100);
+  ASSERT_TRUE(s80.ok());
+  EXPECT_EQ(s80->launches[0].layout, CudaLayout::kBlockPerRow);
+  EXPECT_EQ(s80->launches[0].cluster, 1);
+  EXPECT_FALSE(absl::StrContains(s80->source.substr(s80->prelude.size()), "cluster"));
+  // The vocabulary softmax: odd length, bf16 (scalar loads), 4 x 512 threads x 25 values.
+  std::string src = EmitOne(kt::RowSoftmaxBf16(50257), true, &launch);
+  EXPECT_EQ(launch.layout, CudaLayout::kClusterRow);
+  EXPECT_EQ(launch.cluster, 4);
+  EXPECT_EQ(launch.vector_width, 1);
+  EXPECT_EQ(launch.cached_values, 25);
+  EXPECT_EQ(Count(src, "cluster_allreduce<16, 4>("), 2);
+  // Layer norm over 65536 columns (Welford in two passes over the cached row).
+  src = EmitOne(kt::LayerNorm(65536, 1e-5f), true, &launch);
+  EXPECT_EQ(launch.layout, CudaLayout::kClusterRow);
+  EXPECT_EQ(launch.cached_values, 32);
+  // 64 sums of 262144 columns: a split reduction over clusters of 5 blocks; 1 row: 8 blocks.
+  src = EmitOne(kt::RowSum(64, 262144, false), true, &launch);
+  EXPECT_EQ(launch.layout, CudaLayout::kClusterRow);
+  EXPECT_EQ(launch.cluster, 5);
+  EXPECT_EQ(CudaGridSize(launch, {}).value(), 320);
+  EXPECT_TRUE(absl::StrContains(src, "if (kiln_lane == 0)")) << "one thread of the cluster stores";
+  EmitOne(kt::RowSum(1, 1 << 20, true), true, &launch);
+  EXPECT_EQ(launch.cluster, 8);
+  // Rows enough, or short enough for one block: no cluster.
+  EmitOne(kt::RowSum(4096, 262144, false), true, &launch);
+  EXPECT_EQ(launch.layout, CudaLayout::kBlockPerRow);
+  EmitOne(kt::RowSoftmax(32768, false), true, &launch);
+  EXPECT_EQ(launch.layout, CudaLayout::kBlockPerRow);
+}
+
 TEST(CudaEmitter, ArchPicksTheSmCountOnlyAndTheSourceIsTheSame) {
   absl::StatusOr<Kernel> k = kt::RowSoftmax(1024, false);
   ASSERT_TRUE(k.ok());

@@ -267,14 +267,45 @@ std::string Compare(const Storage& gpu, const Storage& cpu, ScalarType t) {
   return "";
 }
 
-TEST(CudaEmulation, GeneratedCudaKernelsMatchTheCpuKernels) {
-  std::vector<Case> cases = Cases();
+// Rows spread over thread-block clusters (kClusterRow), with limits small enough that clusters of
+// 128-thread blocks serve rows of a few thousand columns: cached rows too long for a block (odd
+// lengths, bf16, misaligned pointers, NaN and -inf rows, Welford's non-commutative merge), every
+// accumulator across the blocks of a cluster, and split sums of few rows.
+CudaEmitOptions ClusterOptions() {
+  CudaEmitOptions o;
+  o.max_row_block = 128;
+  o.row_values = 8;
+  o.max_cached_values = 16;
+  return o;
+}
+
+std::vector<Case> ClusterCases() {
+  std::vector<Case> c;
+  c.push_back({"cluster_softmax_3001", kt::RowSoftmax(3001, false), {5}});
+  c.push_back({"cluster_softmax_4096", kt::RowSoftmax(4096, false), {7}});
+  c.push_back({"cluster_softmax_4096_misaligned", kt::RowSoftmax(4096, false), {3}, true});
+  c.push_back({"cluster_softmax_specials", kt::RowSoftmax(3001, false), {4}, false, 2, 3001});
+  c.push_back({"cluster_log_softmax_5000_specials", kt::RowSoftmax(5000, true), {3}, false, 3, 5000});
+  c.push_back({"cluster_layer_norm_3000", kt::LayerNorm(3000, 1e-5f), {5}});
+  c.push_back({"cluster_layer_norm_bf16_3001", kt::LayerNormBf16(3001, 1e-5f), {3}});
+  c.push_back({"cluster_softmax_bf16_3001", kt::RowSoftmaxBf16(3001), {4}});
+  c.push_back({"cluster_softmax_bf16_4096_misaligned", kt::RowSoftmaxBf16(4096), {3}, true});
+  c.push_back({"cluster_rms_norm_bf16_3000", kt::RmsNorm(3000, 1e-6f, true), {3}});
+  c.push_back({"cluster_every_acc_f32", ct::EveryAccumulator(ScalarType::kFloat32, false, 40, 100), {}});
+  c.push_back({"cluster_every_acc_i32", ct::EveryAccumulator(ScalarType::kInt32, false, 20, 150), {}});
+  c.push_back({"cluster_row_sum_5x5000", kt::RowSum(5, 5000, false), {}});
+  c.push_back({"cluster_row_sum_bf16_3x6001", kt::RowSum(3, 6001, true), {}, false, 1});
+  c.push_back({"cluster_full_sum", ct::FullSum(5000), {}});
+  return c;
+}
+
+void RunCases(std::vector<Case> cases, const CudaEmitOptions& options, bool expect_clusters) {
   std::vector<Kernel> kernels;
   for (Case& c : cases) {
     ASSERT_TRUE(c.kernel.ok()) << c.name << ": " << c.kernel.status();
     kernels.push_back(*c.kernel);
   }
-  absl::StatusOr<CudaSource> cuda = EmitCudaSource(kernels);
+  absl::StatusOr<CudaSource> cuda = EmitCudaSource(kernels, options);
   ASSERT_TRUE(cuda.ok()) << cuda.status();
   absl::StatusOr<CpuSource> cpu = EmitCpuSource(kernels);
   ASSERT_TRUE(cpu.ok()) << cpu.status();
@@ -285,7 +316,8 @@ TEST(CudaEmulation, GeneratedCudaKernelsMatchTheCpuKernels) {
     const int ns = kernels[i].num_scalars;
     absl::StrAppend(&host, "extern \"C\" __attribute__((visibility(\"default\"))) void kiln_emulate_",
                     i, "(void* const* b, const int64_t* s) { kiln_emu::Launch(kiln_kernel_", i,
-                    ", b, s, static_cast<int>(s[", ns, "]), static_cast<int>(s[", ns + 1, "])); }\n");
+                    ", b, s, static_cast<int>(s[", ns, "]), static_cast<int>(s[", ns + 1,
+                    "]), static_cast<int>(s[", ns + 2, "])); }\n");
   }
   toolchain::CompileOptions co;
   co.timeout = absl::Seconds(600);
@@ -331,23 +363,36 @@ TEST(CudaEmulation, GeneratedCudaKernelsMatchTheCpuKernels) {
     for (Storage& s : gpu_bufs) gp.push_back(s.ptr());
     for (Storage& s : cpu_bufs) cp.push_back(s.ptr());
     const CudaLaunch& launch = cuda->launches[i];
+    EXPECT_EQ(launch.layout == CudaLayout::kClusterRow, expect_clusters) << c.name;
     absl::StatusOr<int64_t> grid = CudaGridSize(launch, c.scalars);
     ASSERT_TRUE(grid.ok()) << grid.status();
+    ASSERT_EQ(*grid % launch.cluster, 0);
     std::vector<int64_t> gs = c.scalars;
-    gs.push_back(std::min<int64_t>(*grid, c.max_grid));
+    // A small grid (grid-stride loops), in whole clusters.
+    gs.push_back(launch.cluster * std::min<int64_t>(*grid / launch.cluster, c.max_grid));
     gs.push_back(launch.block);
+    gs.push_back(launch.cluster);
     ASSERT_EQ(kiln_run_kernel(cm, ck, cp.data(), c.scalars.data()), KILN_OK);
     ASSERT_EQ(kiln_run_kernel(gm, gk, gp.data(), gs.data()), KILN_OK);
     for (size_t b = 0; b < k.buffers.size(); ++b) {
       const std::string diff = Compare(gpu_bufs[b], cpu_bufs[b], k.buffers[b].dtype);
       EXPECT_EQ(diff, "") << c.name << " (" << CudaLayoutName(launch.layout) << ", grid "
-                          << gs[gs.size() - 2] << ", block " << launch.block << ", vector width "
+                          << gs[gs.size() - 3] << ", block " << launch.block << ", cluster "
+                          << launch.cluster << ", vector width "
                           << launch.vector_width << "): buffer b" << b << ": " << diff;
     }
   }
   EXPECT_EQ(kiln_module_unload(gm), KILN_OK);
   EXPECT_EQ(kiln_module_unload(cm), KILN_OK);
 }
+
+TEST(CudaEmulation, GeneratedCudaKernelsMatchTheCpuKernels) {
+  CudaEmitOptions options;
+  options.max_cluster = 1;  // the one-block layouts (clusters below)
+  RunCases(Cases(), options, false);
+}
+
+TEST(CudaEmulation, ClusterRowKernelsMatchTheCpuKernels) { RunCases(ClusterCases(), ClusterOptions(), true); }
 
 }  // namespace
 }  // namespace kiln::codegen

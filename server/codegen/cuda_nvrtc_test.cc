@@ -53,6 +53,16 @@ std::vector<std::pair<std::string, absl::StatusOr<Kernel>>> AllKernels() {
   k.emplace_back("every_acc_i8", EveryAccumulator(ScalarType::kInt8, false, 3, 3));
   k.emplace_back("full_sum", FullSum(1 << 20));
   k.emplace_back("dynamic_in_place", DynamicInPlace());
+  // Long rows: clusters on sm_90 (cached, odd and bf16, Welford, split sums), one block on sm_80.
+  k.emplace_back("softmax_65536", kt::RowSoftmax(65536, false));
+  k.emplace_back("log_softmax_262144", kt::RowSoftmax(262144, true));
+  k.emplace_back("softmax_bf16_50257", kt::RowSoftmaxBf16(50257));
+  k.emplace_back("layer_norm_65536", kt::LayerNorm(65536, 1e-5f));
+  k.emplace_back("layer_norm_bf16_50257", kt::LayerNormBf16(50257, 1e-5f));
+  k.emplace_back("rms_norm_bf16_131072", kt::RmsNorm(131072, 1e-6f, true));
+  k.emplace_back("row_sum_64x262144", kt::RowSum(64, 262144, false));
+  k.emplace_back("row_sum_bf16_1x1m", kt::RowSum(1, 1 << 20, true));
+  k.emplace_back("every_acc_f32_few_long", EveryAccumulator(ScalarType::kFloat32, false, 64, 1024));
   return k;
 }
 
@@ -65,10 +75,12 @@ TEST(CudaNvrtc, EveryKernelCompilesForSm80AndSm90) {
     kernels.push_back(*k);
     names.push_back(name);
   }
-  // One source with every kernel (a graph), and each kernel alone.
-  absl::StatusOr<CudaSource> all = EmitCudaSource(kernels);
-  ASSERT_TRUE(all.ok()) << all.status();
+  // One source with every kernel (a graph), for each arch (sm_90 has cluster kernels).
   for (const char* arch : {"sm_80", "sm_90"}) {
+    CudaEmitOptions emit;
+    emit.arch = arch;
+    absl::StatusOr<CudaSource> all = EmitCudaSource(kernels, emit);
+    ASSERT_TRUE(all.ok()) << all.status();
     absl::StatusOr<toolchain::CudaBinary> bin =
         toolchain::CompileCuda(all->source, arch, /*ptx=*/false, Options());
     ASSERT_TRUE(bin.ok()) << arch << ": " << bin.status();

@@ -102,6 +102,41 @@ std::vector<Fixture> Fixtures(bool small) {
   f.push_back({"transpose_add_column_major", "add_transposed_rhs", "", kt::TransposeAddColumnMajor(side, side), {},
                {{"float32", {side, side}, "in"}, {"float32", {side, side}, "in"},
                 {"float32", {side, side}, "out"}}});
+  // Rows too long for one block's registers (sm_90: the registers of a thread-block cluster,
+  // read once; sm_80: one block a row, read twice) and few long rows (split over a cluster). The
+  // lengths of issue #7: a 50257 vocabulary (odd: scalar accesses), 65536, 131072, 262144.
+  const int64_t vocab_rows = small ? 3 : 4096, few = small ? 2 : 64;
+  const int64_t rows_64k = small ? 2 : 1024, rows_128k = small ? 2 : 512;
+  auto rows_of = [](const char* name, const char* op, absl::StatusOr<Kernel> k, const char* dtype,
+                    int64_t rows, int64_t cols) {
+    return Fixture{name, op, "", std::move(k), {rows},
+                   {{dtype, {rows, cols}, "in"}, {dtype, {rows, cols}, "out"}}};
+  };
+  f.push_back(rows_of("softmax_bf16_50257", "softmax", kt::RowSoftmaxBf16(50257), "bfloat16",
+                      vocab_rows, 50257));
+  f.push_back(rows_of("softmax_65536", "softmax", kt::RowSoftmax(65536, false), "float32", rows_64k,
+                      65536));
+  f.push_back(rows_of("softmax_bf16_65536", "softmax", kt::RowSoftmaxBf16(65536), "bfloat16",
+                      rows_64k, 65536));
+  f.push_back(rows_of("log_softmax_131072", "log_softmax", kt::RowSoftmax(131072, true), "float32",
+                      rows_128k, 131072));
+  f.push_back(rows_of("softmax_262144", "softmax", kt::RowSoftmax(262144, false), "float32", few,
+                      262144));
+  f.push_back(rows_of("log_softmax_262144", "log_softmax", kt::RowSoftmax(262144, true), "float32",
+                      few, 262144));
+  f.push_back(rows_of("softmax_bf16_262144", "softmax", kt::RowSoftmaxBf16(262144), "bfloat16", few,
+                      262144));
+  f.push_back({"layer_norm_bf16_50257", "layer_norm_out", "\"eps\": 1e-05",
+               kt::LayerNormBf16(50257, 1e-5f), {rows_64k},
+               {{"bfloat16", {rows_64k, 50257}, "in"}, {"bfloat16", {50257}, "in"},
+                {"bfloat16", {50257}, "in"}, {"bfloat16", {rows_64k, 50257}, "out"}}});
+  f.push_back({"row_sum_64x262144", "row_sum", "", kt::RowSum(few, 262144, false), {},
+               {{"float32", {few, 262144}, "in"}, {"float32", {few}, "out"}}});
+  f.push_back({"row_sum_bf16_64x262144", "row_sum", "", kt::RowSum(few, 262144, true), {},
+               {{"bfloat16", {few, 262144}, "in"}, {"bfloat16", {few}, "out"}}});
+  const int64_t full = small ? 70000 : int64_t{1} << 26;
+  f.push_back({"full_sum_64m", "row_sum", "", kt::RowSum(1, full, false), {},
+               {{"float32", {1, full}, "in"}, {"float32", {1}, "out"}}});
   return f;
 }
 
@@ -192,7 +227,7 @@ int Main(int argc, char** argv) {
                     "\", \"op\": \"", f.op, "\"", f.params.empty() ? "" : ", ", f.params,
                     ",\n     \"layout\": \"", CudaLayoutName(l.layout), "\", \"grid\": ", *grid,
                     ", \"block\": ", l.block, ", \"shared_bytes\": ", l.shared_bytes,
-                    ", \"vector_width\": ", l.vector_width, ", \"cached_values\": ", l.cached_values,
+                    ", \"vector_width\": ", l.vector_width, ", \"cached_values\": ", l.cached_values, ", \"cluster\": ", l.cluster,
                     ",\n     \"scalars\": ", Shape(f.scalars), ",\n     \"buffers\": [",
                     absl::StrJoin(buffers, ", "), "]}", i + 1 < fixtures.size() ? "," : "", "\n");
   }

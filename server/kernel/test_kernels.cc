@@ -108,6 +108,21 @@ absl::StatusOr<Kernel> RowSoftmaxBf16(int64_t cols) {
   return kb.Finish();
 }
 
+absl::StatusOr<Kernel> RowSum(int64_t rows, int64_t cols, bool bf16) {
+  KernelBuilder kb("row sum");
+  const Size r = Size::Const(rows), c = Size::Const(cols);
+  const ScalarType t = bf16 ? kBf16 : kF32;
+  const Buffer in = kb.AddBuffer(t, Access::kRead, r * c);
+  const Buffer out = kb.AddBuffer(t, Access::kWrite, r);
+  const Var row = kb.AddOuter(r), col = kb.AddReduce(c);
+  const Accumulator sum = kb.AddAccumulator(AccKind::kSum, kF32);
+  kb.BeginPhase();
+  kb.Add(Accumulate(sum, Cast(kF32, Load(in, ContiguousIndex({row, col}, {r, c})))));
+  kb.BeginBody();
+  kb.Add(Store(out, MakeIndex(Size(), {{row, Size::Const(1)}}), Cast(t, AccRead(sum, AccField::kValue))));
+  return kb.Finish();
+}
+
 absl::StatusOr<Kernel> LayerNormBf16(int64_t cols, float eps) {
   KernelBuilder kb("layer_norm bf16");
   const Size n = kb.AddScalar(), c = Size::Const(cols);

@@ -38,6 +38,10 @@ absl::StatusOr<Kernel> Bf16Chain(int64_t n);
 // Buffers: b0 = x, b1 = out. Scalars: n0 = rows.
 absl::StatusOr<Kernel> RowSoftmaxBf16(int64_t cols);
 
+// x.sum(-1) for x[rows, cols] with a static row count (f32, or bf16 summed in f32 and rounded).
+// Buffers: b0 = x, b1 = out[rows].
+absl::StatusOr<Kernel> RowSum(int64_t rows, int64_t cols, bool bf16);
+
 // F.layer_norm(x, (cols,), w, b, eps) for bf16 x[n0, cols], w, b (statistics in f32; only `out`).
 // Buffers: b0 = x, b1 = w, b2 = b, b3 = out. Scalars: n0 = rows.
 absl::StatusOr<Kernel> LayerNormBf16(int64_t cols, float eps);

@@ -41,6 +41,7 @@ TOLERANCES = {
     "log_softmax": (1e-5, 1e-5),
     "layer_norm": (1e-4, 1e-4),
     "column_sum": (1e-4, 1e-2),
+    "row_sum": (1e-4, 1e-2),
     "layer_norm_out": (2e-2, 2e-2),
     "rms_norm": (1e-4, 1e-4),
     "add_transposed_rhs": (0.0, 0.0),
@@ -157,6 +158,8 @@ def torch_op(torch, spec):
         return ln
     if op == "column_sum":
         return lambda x: (x.sum(0),)
+    if op == "row_sum":  # bf16: summed in fp32, rounded once (as torch)
+        return lambda x: (x.sum(-1),)
     if op == "layer_norm_out":
         eps = spec["eps"]
         return lambda x, w, b: (torch.nn.functional.layer_norm(x, (x.shape[-1],), w, b, eps),)
@@ -170,6 +173,12 @@ def torch_op(torch, spec):
     if op == "add_transposed_rhs":  # a.t() + b stored column-major, read back row-major
         return lambda a, b: (a + b.t(),)
     raise ValueError(f"unknown op {op}")
+
+
+def layout_of(spec):
+    """The layout, with the blocks per thread-block cluster when there is one ("cluster_row x4")."""
+    layout = spec.get("layout", "?")
+    return f"{layout} x{spec['cluster']}" if spec.get("cluster", 1) > 1 else layout
 
 
 def make_inputs(torch, spec, gen):
@@ -299,7 +308,7 @@ def main():
                 except Exception as e:  # Inductor may be unavailable: report, keep going
                     print(f"{name}: torch.compile failed: {type(e).__name__}: {str(e)[:200]}")
             tbs = nbytes / (kiln_ms * 1e-3) / 1e12
-            rows.append((name, spec["layout"], spec.get("vector_width", 1), nbytes / 1e9, kiln_ms, tbs,
+            rows.append((name, layout_of(spec), spec.get("vector_width", 1), nbytes / 1e9, kiln_ms, tbs,
                          100 * tbs / copy_tbs, eager_ms, compiled_ms, "ok" if ok else "MISMATCH"))
             del tensors, inputs, outputs, want
             torch.cuda.empty_cache()
@@ -307,7 +316,7 @@ def main():
             failures += 1
             print(f"FAILED {name}: {type(e).__name__}: {e}")
             traceback.print_exc()
-            rows.append((name, spec.get("layout", "?"), spec.get("vector_width", 1), float("nan"),
+            rows.append((name, layout_of(spec), spec.get("vector_width", 1), float("nan"),
                          float("nan"), float("nan"), float("nan"), float("nan"), None, "FAILED"))
 
     if not rows:

@@ -287,6 +287,16 @@ case("f64-chain", lambda x, y: (x / y).tanh() + x.log1p(), r(4, 5, dtype=f64), p
 case("bf16-softmax", lambda x: x.softmax(-1), r(4, 32, dtype=bf16))
 case("bf16-layer_norm", lambda x: F.layer_norm(x, (32,)), r(4, 32, dtype=bf16))
 case("f64-var", lambda x: x.var(0), r(6, 5, dtype=f64))
+# long rows (sm_90: a row over the blocks of a thread-block cluster, kept in their registers) and
+# few long rows (split over a cluster); odd lengths like a 50257 vocabulary
+case("softmax-vocab-odd", lambda x: x.softmax(-1), r(3, 50257))
+case("bf16-softmax-vocab-odd", lambda x: x.softmax(-1), r(2, 50257, dtype=bf16))
+case("log_softmax-131072", lambda x: x.log_softmax(-1), r(2, 131072))
+case("bf16-layer_norm-65536", lambda x, w: F.layer_norm(x, (65536,), w), r(2, 65536, dtype=bf16),
+     r(65536, dtype=bf16))
+case("sum-few-long-rows", lambda x: x.sum(-1), r(4, 262144))
+case("bf16-sum-full-long", lambda x: x.sum(), r(1 << 20, dtype=bf16, low=-1, high=1))
+case("argmax-few-long-rows", lambda x: x.argmax(-1), r(3, 70001))
 case("int-sum-mixed", lambda x, y: x.sum(-1) + y, r(4, 5, dtype=i32), r(4))
 
 

@@ -1,0 +1,76 @@
+#include "server/codegen/cuda_long_rows.h"
+
+#include <algorithm>
+
+namespace kiln::codegen {
+
+namespace {
+
+// Registers per thread that the emitter may spend on cached values with blocks of `block`
+// threads (as CudaKernelEmitter::EmitRow: at most half of what the block size leaves a thread).
+int64_t CacheLimit(int block, const ClusterRowLimits& limits) {
+  return std::min<int64_t>(limits.max_cached_values, 65536 / block / 2);
+}
+
+// Cached values per thread when `threads` threads share a row (whole vectors per chunk).
+int64_t CachedValues(const ClusterRowFacts& f, int64_t threads) {
+  const int64_t w = std::max(1, f.vector_width);
+  return f.recurring_loads * ((f.length + threads * w - 1) / (threads * w)) * w;
+}
+
+// Blocks per row for parallelism alone: none (1) unless there are fewer rows than SMs; then
+// about two blocks per SM, each with >= 8 values per thread.
+int ParallelBlocks(const ClusterRowFacts& f, int block, const ClusterRowLimits& limits) {
+  if (!f.rows || *f.rows >= limits.num_sms || *f.rows < 1) return 1;
+  const int64_t want = (2 * int64_t{limits.num_sms} + *f.rows - 1) / *f.rows;
+  const int64_t most = f.length / (int64_t{block} * 8);
+  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>({want, most, limits.max_cluster})));
+}
+
+}  // namespace
+
+bool ArchHasClusters(const std::string& arch) {
+  if (arch.rfind("sm_", 0) != 0) return false;
+  int number = 0;
+  for (size_t i = 3; i < arch.size() && arch[i] >= '0' && arch[i] <= '9' && number < 10000; ++i) {
+    number = number * 10 + (arch[i] - '0');
+  }
+  return number >= 90;
+}
+
+absl::optional<ClusterRowChoice> ChooseClusterRows(const ClusterRowFacts& facts,
+                                                   const ClusterRowLimits& limits) {
+  if (limits.max_cluster < 2 || facts.length <= 0 || limits.max_row_block < 32) return absl::nullopt;
+  const int small = std::min(512, limits.max_row_block);
+  const int large = limits.max_row_block;
+  const int64_t target = std::max(limits.row_values, 4 * facts.recurring_loads);
+  auto fits = [&](int block, int cluster) {
+    const int64_t v = CachedValues(facts, int64_t{block} * cluster);
+    return v <= std::min(target, CacheLimit(block, limits));
+  };
+  // One block of the largest size already keeps the row in registers (or nothing recurs):
+  // clusters only for parallelism.
+  const bool one_block =
+      facts.recurring_loads == 0 || CachedValues(facts, large) <= CacheLimit(large, limits);
+  if (one_block) {
+    for (int block : {small, large}) {
+      const int cluster = ParallelBlocks(facts, block, limits);
+      if (cluster < 2) return absl::nullopt;
+      if (facts.recurring_loads == 0 || fits(block, cluster)) return ClusterRowChoice{cluster, block};
+    }
+    return absl::nullopt;
+  }
+  for (int block : {small, large}) {
+    for (int cluster = 2; cluster <= limits.max_cluster; ++cluster) {
+      if (fits(block, cluster)) {
+        return ClusterRowChoice{std::max(cluster, ParallelBlocks(facts, block, limits)), block};
+      }
+    }
+  }
+  // Too long for the cluster's registers: no cache, but still the cluster's parallelism.
+  const int cluster = ParallelBlocks(facts, small, limits);
+  if (cluster < 2) return absl::nullopt;
+  return ClusterRowChoice{cluster, small};
+}
+
+}  // namespace kiln::codegen

@@ -1,0 +1,58 @@
+#ifndef KILN_SERVER_CODEGEN_CUDA_LONG_ROWS_H_
+#define KILN_SERVER_CODEGEN_CUDA_LONG_ROWS_H_
+
+// Long rows on sm_90+: the kClusterRow layout of the CUDA emitter (cuda_emitter.h). One row
+// (outer point) is spread over the blocks of a thread-block cluster (`cluster` blocks of `block`
+// threads, __cluster_dims__(cluster, 1, 1)), which split it as one group of cluster * block
+// threads: thread t of the block of rank c is lane c * block + t of the row. Each phase's
+// all-reduce is a block all-reduce and then an exchange of the blocks' states through
+// distributed shared memory (kernels/cuda/kiln_cuda_cluster.cuh), so that
+//   * a row too long for one block's registers is still read once from HBM and kept in the
+//     registers of the cluster (softmax, log_softmax, layer norm over 50257..262144 columns);
+//   * a few long rows (fewer rows than SMs: sums with few outputs, a full reduction) occupy
+//     `cluster` times as many SMs (a split reduction with no workspace and no second kernel).
+// ChooseClusterRows takes the facts the emitter knows about a row kernel and says whether to use
+// the layout and with which shape; it never chooses it for sm_8x (no clusters), dynamic lengths,
+// or when one block already does the job (a block caches the row, or there are rows enough).
+
+#include <cstdint>
+#include <string>
+
+#include "absl/types/optional.h"
+
+namespace kiln::codegen {
+
+struct ClusterRowFacts {
+  int64_t length = 0;                 // the (static) reduction length of a row
+  absl::optional<int64_t> rows;       // the number of rows, when static
+  int recurring_loads = 0;            // loads along the row that later phases read again
+  int vector_width = 1;               // elements per vector access along the row (1: scalar)
+};
+
+struct ClusterRowLimits {
+  int num_sms = 132;
+  int max_cluster = 8;       // blocks per cluster (8: the portable limit); < 2: never
+  int max_row_block = 1024;  // threads per block
+  int row_values = 32;       // cached values per thread a block aims at
+  int max_cached_values = 64;  // the emitter's register budget (also <= 65536 / block / 2)
+};
+
+struct ClusterRowChoice {
+  int cluster = 1;  // blocks per cluster, 2..max_cluster
+  int block = 1;    // threads per block
+};
+
+// Whether `arch` ("sm_90", "sm_90a", "sm_100"...) has thread-block clusters (sm_90 and later).
+bool ArchHasClusters(const std::string& arch);
+
+// The blocks per row: enough that every recurring load of the row fits in the registers the
+// emitter caches (<= row_values per thread per load, rounded to vectors), and, for fewer rows
+// than SMs, enough for about two blocks per SM (with >= 8 values per thread). Blocks of
+// min(512, max_row_block) threads (two per SM at <= 64 registers), else max_row_block. nullopt:
+// one block per row (the kBlockPerRow layout).
+absl::optional<ClusterRowChoice> ChooseClusterRows(const ClusterRowFacts& facts,
+                                                   const ClusterRowLimits& limits);
+
+}  // namespace kiln::codegen
+
+#endif  // KILN_SERVER_CODEGEN_CUDA_LONG_ROWS_H_

@@ -1,0 +1,96 @@
+#include "server/codegen/cuda_long_rows.h"
+
+#include "gtest/gtest.h"
+
+namespace kiln::codegen {
+namespace {
+
+ClusterRowFacts Facts(int64_t length, absl::optional<int64_t> rows, int recurring, int width) {
+  ClusterRowFacts f;
+  f.length = length;
+  f.rows = rows;
+  f.recurring_loads = recurring;
+  f.vector_width = width;
+  return f;
+}
+
+TEST(ChooseClusterRows, RowsThatOneBlockCachesKeepOneBlock) {
+  const ClusterRowLimits limits;
+  EXPECT_FALSE(ChooseClusterRows(Facts(32768, absl::nullopt, 1, 4), limits));
+  EXPECT_FALSE(ChooseClusterRows(Facts(8192, int64_t{8192}, 1, 4), limits));
+  EXPECT_FALSE(ChooseClusterRows(Facts(32768, int64_t{2048}, 1, 4), limits));
+}
+
+TEST(ChooseClusterRows, LongerRowsAreCachedByAClusterWithAtMost32ValuesPerThread) {
+  const ClusterRowLimits limits;
+  // f32 65536: 4 x 512 threads x 32 values; bf16 50257 (odd: scalar): 4 x 512 x 25.
+  absl::optional<ClusterRowChoice> c = ChooseClusterRows(Facts(65536, int64_t{4096}, 1, 4), limits);
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->cluster, 4);
+  EXPECT_EQ(c->block, 512);
+  c = ChooseClusterRows(Facts(50257, int64_t{4096}, 1, 1), limits);
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->cluster, 4);
+  EXPECT_EQ(c->block, 512);
+  c = ChooseClusterRows(Facts(131072, absl::nullopt, 1, 4), limits);
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->cluster * c->block, 4096);
+  // f32 262144 needs 8 x 1024 threads x 32 values; twice that is too long for any cluster.
+  c = ChooseClusterRows(Facts(262144, int64_t{64}, 1, 4), limits);
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->cluster, 8);
+  EXPECT_EQ(c->block, 1024);
+  EXPECT_FALSE(ChooseClusterRows(Facts(524288, absl::nullopt, 1, 4), limits));
+}
+
+TEST(ChooseClusterRows, FewLongRowsAreSplitForParallelism) {
+  const ClusterRowLimits limits;
+  // 64 sums of 262144: 5 blocks a row (about two blocks per SM).
+  absl::optional<ClusterRowChoice> c = ChooseClusterRows(Facts(262144, int64_t{64}, 0, 4), limits);
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->cluster, 5);
+  EXPECT_EQ(c->block, 512);
+  // One row (a full reduction): the largest cluster.
+  c = ChooseClusterRows(Facts(1 << 20, int64_t{1}, 0, 4), limits);
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->cluster, 8);
+  // Too short to split (fewer than 8 values per thread in two blocks), or rows enough.
+  EXPECT_FALSE(ChooseClusterRows(Facts(4096, int64_t{1}, 0, 4), limits));
+  EXPECT_FALSE(ChooseClusterRows(Facts(262144, int64_t{132}, 0, 4), limits));
+  EXPECT_FALSE(ChooseClusterRows(Facts(262144, absl::nullopt, 0, 4), limits));
+  // Too long to cache but few rows: the cluster's parallelism without the cache.
+  c = ChooseClusterRows(Facts(1 << 22, int64_t{16}, 1, 4), limits);
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->cluster, 8);
+}
+
+TEST(ChooseClusterRows, NoClustersWhenDisabled) {
+  ClusterRowLimits limits;
+  limits.max_cluster = 1;
+  EXPECT_FALSE(ChooseClusterRows(Facts(65536, int64_t{4096}, 1, 4), limits));
+  EXPECT_FALSE(ChooseClusterRows(Facts(262144, int64_t{1}, 0, 4), limits));
+}
+
+TEST(ChooseClusterRows, ClustersFromSm90On) {
+  EXPECT_TRUE(ArchHasClusters("sm_90"));
+  EXPECT_TRUE(ArchHasClusters("sm_90a"));
+  EXPECT_TRUE(ArchHasClusters("sm_100"));
+  EXPECT_FALSE(ArchHasClusters("sm_80"));
+  EXPECT_FALSE(ArchHasClusters("sm_89"));
+  EXPECT_FALSE(ArchHasClusters("sm_75"));
+  EXPECT_FALSE(ArchHasClusters("compute_90"));
+}
+
+TEST(ChooseClusterRows, SmallLimitsForEmulation) {
+  ClusterRowLimits limits;
+  limits.max_row_block = 128;
+  limits.row_values = 8;
+  limits.max_cached_values = 16;
+  absl::optional<ClusterRowChoice> c = ChooseClusterRows(Facts(3001, absl::nullopt, 1, 1), limits);
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->block, 128);
+  EXPECT_EQ(c->cluster, 3);
+}
+
+}  // namespace
+}  // namespace kiln::codegen
