@@ -14,14 +14,18 @@
 namespace kiln::compiler {
 namespace {
 
-// The emitted kernels as up to `parallel` translation units (0: the machine's cores, at most
-// 16), each the prelude plus consecutive kernels of about equal source size; one unit when
-// there is a single kernel.
+// The emitted kernels as up to `parallel` parts (0: the machine's cores, at most 16) of
+// consecutive kernels of about equal source size, each compiled after the prelude as its own
+// translation unit; one part when there is a single kernel.
 std::vector<std::string> SplitSource(const codegen::CpuSource& src, int parallel) {
   const size_t kernels = src.kernel_sources.size();
   if (parallel <= 0) parallel = static_cast<int>(std::min(16u, std::max(1u, std::thread::hardware_concurrency())));
   const size_t n = std::min<size_t>(static_cast<size_t>(parallel), kernels);
-  if (n <= 1) return {src.source};
+  if (n <= 1) {
+    std::string all;
+    for (const std::string& k : src.kernel_sources) absl::StrAppend(&all, "\n", k);
+    return {all};
+  }
   size_t total = 0;
   for (const std::string& k : src.kernel_sources) total += k.size();
   std::vector<std::string> parts;
@@ -31,7 +35,7 @@ std::vector<std::string> SplitSource(const codegen::CpuSource& src, int parallel
     // one kernel for every part still to come.
     const bool start = parts.empty() ||
                        (parts.size() < n && (done * n >= total * parts.size() || kernels - i <= n - parts.size()));
-    if (start) parts.push_back(src.prelude);
+    if (start) parts.emplace_back();
     absl::StrAppend(&parts.back(), "\n", src.kernel_sources[i]);
     done += src.kernel_sources[i].size();
   }
@@ -74,10 +78,12 @@ absl::StatusOr<CompileResult> CpuGraphCompiler::Compile(const graph::PreparedGra
 
   const std::vector<kernel::Kernel> ir = fe.KernelIr();
   std::vector<std::string> parts;
+  std::string prelude;
   if (!ir.empty()) {
     KILN_ASSIGN_OR_RETURN(codegen::CpuSource src, codegen::EmitCpuSource(ir, options_.emit));
     if (src.symbols != symbols) return absl::InternalError("emitter symbols differ from the plan's");
     parts = SplitSource(src, options_.parallel_compiles);
+    prelude = src.prelude;
     result.sources.push_back({"graph.cc", std::move(src.source)});
   }
   timer.Done("codegen");
@@ -88,7 +94,8 @@ absl::StatusOr<CompileResult> CpuGraphCompiler::Compile(const graph::PreparedGra
     const int64_t ms = request.options().compile_timeout_ms();
     if (ms > 0 && absl::Milliseconds(ms) < tc.timeout) tc.timeout = absl::Milliseconds(ms);
     absl::StatusOr<toolchain::CompiledBinary> bin =
-        options_.pool != nullptr ? options_.pool->Compile(parts, tc) : toolchain::CompileSharedObject(parts, tc);
+        options_.pool != nullptr ? options_.pool->Compile(prelude, parts, tc)
+                                 : toolchain::CompileSharedObject(prelude, parts, tc);
     if (!bin.ok()) {
       if (bin.status().code() == absl::StatusCode::kInternal) {
         return absl::InternalError(absl::StrCat("C++ compile of graph.cc failed: ", bin.status().message()));

@@ -38,6 +38,7 @@ struct CompileOptions {
   int64_t memory_limit_bytes = int64_t{4} << 30;  // RLIMIT_AS of the compiler; 0 = none
   size_t max_log_bytes = 64 * 1024;
   std::string temp_root;  // where private dirs are made; default $TMPDIR or /tmp
+  bool precompiled_prelude = true;  // g++: precompile a compile's prelude once per process
 };
 
 struct CompileTimings {
@@ -70,6 +71,13 @@ absl::StatusOr<CompiledBinary> CompileSharedObject(absl::string_view source,
 // memory limits per process), then one process links them. An error names the part.
 absl::StatusOr<CompiledBinary> CompileSharedObject(absl::Span<const std::string> parts,
                                                    const CompileOptions& options);
+// The same with a `prelude` that every part starts with: with g++ and
+// options.precompiled_prelude it is precompiled once per process (a .gch in a private temp dir,
+// built with the same flags) and each part includes it instead of parsing it again; otherwise,
+// or if precompiling fails, it is pasted in front of each part. The object code is the same.
+absl::StatusOr<CompiledBinary> CompileSharedObject(absl::string_view prelude,
+                                                   absl::Span<const std::string> parts,
+                                                   const CompileOptions& options);
 
 class CompilePool {
  public:
@@ -77,10 +85,11 @@ class CompilePool {
   // Waits for a free slot, then compiles in a worker process.
   absl::StatusOr<CompiledBinary> Compile(absl::string_view source, const CompileOptions& options) {
     const std::vector<std::string> parts = {std::string(source)};
-    return Compile(absl::MakeConstSpan(parts), options);
+    return Compile("", absl::MakeConstSpan(parts), options);
   }
   // A compile of several parts (CompileSharedObject) takes one slot.
-  absl::StatusOr<CompiledBinary> Compile(absl::Span<const std::string> parts, const CompileOptions& options);
+  absl::StatusOr<CompiledBinary> Compile(absl::string_view prelude, absl::Span<const std::string> parts,
+                                         const CompileOptions& options);
   int max_concurrent() const { return max_concurrent_; }
   int in_flight() const;
 

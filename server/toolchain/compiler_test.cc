@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include <iostream>
 #include <string>
@@ -98,6 +99,34 @@ TEST_F(CompilerTest, PartsCompileApartAndLinkIntoOneObject) {
   EXPECT_TRUE(absl::StrContains(e.status().message(), "part 1 of 2")) << e.status();
   EXPECT_TRUE(absl::StrContains(e.status().message(), "compiler log")) << e.status();
   EXPECT_EQ(EntriesInRoot(), 0);
+}
+
+// A prelude shared by the parts is precompiled once (a .gch in one private dir under the temp
+// root, kept for the process) and gives the same symbols as the prelude pasted into each part.
+TEST_F(CompilerTest, PreludeIsPrecompiledOnceAndUsedByEveryPart) {
+  const std::string prelude = "#include <cstdint>\ninline int32_t kiln_twice(int32_t x) { return 2 * x; }\n";
+  const std::vector<std::string> parts = {"extern \"C\" int kiln_p1() { return kiln_twice(1); }\n",
+                                          "extern \"C\" int kiln_p2() { return kiln_twice(2); }\n"};
+  for (int round = 0; round < 2; ++round) {
+    absl::StatusOr<CompiledBinary> b = CompileSharedObject(prelude, absl::MakeConstSpan(parts), options_);
+    ASSERT_TRUE(b.ok()) << b.status();
+    EXPECT_TRUE(absl::StrContains(b->bytes, "kiln_p1"));
+    EXPECT_TRUE(absl::StrContains(b->bytes, "kiln_p2"));
+    EXPECT_EQ(EntriesInRoot(), 1);  // the precompiled prelude's dir, built once
+  }
+  DIR* d = opendir(root_.c_str());
+  std::string pch_dir;
+  while (dirent* e = readdir(d)) {
+    if (std::string(e->d_name) != "." && std::string(e->d_name) != "..") pch_dir = root_ + "/" + e->d_name;
+  }
+  closedir(d);
+  EXPECT_EQ(access((pch_dir + "/kiln_prelude.h.gch").c_str(), R_OK), 0) << pch_dir;
+
+  options_.precompiled_prelude = false;
+  absl::StatusOr<CompiledBinary> pasted = CompileSharedObject(prelude, absl::MakeConstSpan(parts), options_);
+  ASSERT_TRUE(pasted.ok()) << pasted.status();
+  EXPECT_TRUE(absl::StrContains(pasted->bytes, "kiln_p2"));
+  EXPECT_EQ(EntriesInRoot(), 1);
 }
 
 TEST_F(CompilerTest, ClangCompilesToo) {
