@@ -35,6 +35,9 @@ struct CpuCompilerOptions {
   codegen::CpuEmitOptions emit;
   // Optional: bounds concurrent compiles across requests (not owned).
   toolchain::CompilePool* pool = nullptr;
+  // Tests only: GEMMs become LibrarySteps as in CUDA plans (CPU clients cannot run them), so that
+  // host tests run plans with library steps through test_executor.h.
+  bool library_gemms_for_tests = false;
 };
 
 class CpuGraphCompiler : public GraphCompiler {
