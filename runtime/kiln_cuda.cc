@@ -39,6 +39,7 @@ struct Driver {
   CUresult (*DeviceGetCount)(int*);
   CUresult (*CtxGetCurrent)(CUcontext*);
   CUresult (*CtxSetCurrent)(CUcontext);
+  CUresult (*CtxGetDevice)(CUdevice*);
   CUresult (*DevicePrimaryCtxRetain)(CUcontext*, CUdevice);
   CUresult (*DevicePrimaryCtxRelease)(CUdevice);
   CUresult (*ModuleLoadData)(CUmodule*, const void*);
@@ -107,6 +108,7 @@ void LoadDriver() {
       {{"cuDeviceGetCount", nullptr}, reinterpret_cast<void**>(&g_driver.DeviceGetCount), true},
       {{"cuCtxGetCurrent", nullptr}, reinterpret_cast<void**>(&g_driver.CtxGetCurrent), true},
       {{"cuCtxSetCurrent", nullptr}, reinterpret_cast<void**>(&g_driver.CtxSetCurrent), true},
+      {{"cuCtxGetDevice", nullptr}, reinterpret_cast<void**>(&g_driver.CtxGetDevice), true},
       {{"cuDevicePrimaryCtxRetain", nullptr},
        reinterpret_cast<void**>(&g_driver.DevicePrimaryCtxRetain), true},
       {{"cuDevicePrimaryCtxRelease_v2", "cuDevicePrimaryCtxRelease"},
@@ -409,6 +411,47 @@ int kiln_cuda_run_launches(const kiln_cuda_module* module, const kiln_cuda_launc
                                        ": cuLaunchKernel: " + ResultText(r));
     }
   }
+  return Ok();
+}
+
+int kiln_cuda_make_device_current(int device) {
+  if (int rc = EnsureDriver(); rc != KILN_OK) return rc;
+  CUcontext current = nullptr;
+  CUresult r = g_driver.CtxGetCurrent(&current);
+  if (r != kCudaSuccess) return CudaFail("cuCtxGetCurrent", r);
+  if (current != nullptr) {
+    CUdevice dev = -1;
+    r = g_driver.CtxGetDevice(&dev);
+    if (r != kCudaSuccess) return CudaFail("cuCtxGetDevice", r);
+    if (dev == device) return Ok();
+  }
+  // The primary context of `device`, retained once for the life of the process (as torch's is).
+  static std::mutex mu;
+  static std::unordered_map<int, CUcontext> retained;
+  CUcontext ctx = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = retained.find(device);
+    if (it == retained.end()) {
+      int count = 0;
+      r = g_driver.DeviceGetCount(&count);
+      if (r != kCudaSuccess) return CudaFail("cuDeviceGetCount", r);
+      if (device < 0 || device >= count) {
+        return Fail(KILN_ERROR_INVALID_ARGUMENT, "kiln_cuda_make_device_current: device " +
+                                                     std::to_string(device) + " of " + std::to_string(count));
+      }
+      CUdevice dev = 0;
+      r = g_driver.DeviceGet(&dev, device);
+      if (r != kCudaSuccess) return CudaFail("cuDeviceGet", r);
+      r = g_driver.DevicePrimaryCtxRetain(&ctx, dev);
+      if (r != kCudaSuccess) return CudaFail("cuDevicePrimaryCtxRetain", r);
+      retained[device] = ctx;
+    } else {
+      ctx = it->second;
+    }
+  }
+  r = g_driver.CtxSetCurrent(ctx);
+  if (r != kCudaSuccess) return CudaFail("cuCtxSetCurrent", r);
   return Ok();
 }
 

@@ -73,6 +73,9 @@ int kiln_cuda_module_add_kernel(kiln_cuda_module* module, const char* symbol, in
 int kiln_cuda_module_num_kernels(const kiln_cuda_module* module, int32_t* out_count);
 int kiln_cuda_run_launches(const kiln_cuda_module* module, const kiln_cuda_launch* launches,
                            int32_t num_launches, void* stream);
+/* Makes a context of `device` current on the calling thread: the current one if it is on that
+   device, else the device's primary context (retained once, never released). */
+int kiln_cuda_make_device_current(int device);
 /* cuStreamSynchronize: kernel faults surface here as KILN_ERROR_CUDA. */
 int kiln_cuda_stream_synchronize(void* stream);
 /* cuModuleUnload (and release of a primary context the load retained); null is accepted. */

@@ -74,7 +74,10 @@ absl::StatusOr<CompileResult> CpuGraphCompiler::Compile(const graph::PreparedGra
   for (size_t i = 0; i < fe.kernels.kernels.size(); ++i) {
     symbols.push_back(codegen::CpuKernelSymbol(static_cast<int>(i)));
   }
-  KILN_RETURN_IF_ERROR(BuildPlan(fe, lower::BindToBinary(symbols, /*binary=*/0), &result, &timer));
+  lower::PlanOptions plan_options;
+  plan_options.library_gemms = options_.library_gemms_for_tests;
+  KILN_RETURN_IF_ERROR(
+      BuildPlan(fe, lower::BindToBinary(symbols, /*binary=*/0), plan_options, &result, &timer));
 
   const std::vector<kernel::Kernel> ir = fe.KernelIr();
   std::vector<std::string> parts;

@@ -42,6 +42,9 @@ struct CpuCompilerOptions {
   // translation units (compiled in parallel, then linked) when it has enough of them. 0: the
   // machine's cores, at most 16.
   int parallel_compiles = 0;
+  // Tests only: GEMMs become LibrarySteps as in CUDA plans (CPU clients cannot run them), so that
+  // host tests run plans with library steps through test_executor.h.
+  bool library_gemms_for_tests = false;
 };
 
 class CpuGraphCompiler : public GraphCompiler {

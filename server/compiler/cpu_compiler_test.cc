@@ -203,6 +203,76 @@ TEST(CpuCompilerTest, MlpBackwardEndToEnd) {
   ExpectNear(Values((*out)[4]), sum1, 1e-4);
 }
 
+// CUDA plans run GEMMs as cuBLASLt library steps (server/lower/gemm_step.h). With the test knob the
+// CPU compiler plans them the same way; the test executor computes library steps naively, so a
+// plan with library steps must give what the plan with aten steps gives (results of GEMMs in the
+// workspace, read by kernels; biases as epilogues; transposed operands).
+TEST(CpuCompilerTest, LibraryGemmsMatchAtenSteps) {
+  CpuCompilerOptions lib;
+  lib.library_gemms_for_tests = true;
+  struct Case {
+    v1::Graph graph;
+    std::vector<HostTensor> inputs;
+    int library;
+  };
+  HostTensor relu = Random({32, 128}, {}, 26);
+  for (int k = 0; k < 32 * 128; ++k) relu.Set(k, std::max(0.0, relu.Get(k)));
+  std::vector<Case> cases;
+  cases.push_back({MlpForward(),
+                   {Random({128, 64}, {}, 20), Random({128}, {}, 21), Random({32, 64}, {}, 22),
+                    Random({10, 128}, {}, 23), Random({10}, {}, 24)},
+                   2});
+  cases.push_back({MlpBackward(), {Random({32, 64}, {}, 25), relu, Random({10, 128}, {}, 28), Random({32, 10}, {}, 27)}, 3});
+  for (const Case& c : cases) {
+    auto with_aten = CompileGraph(c.graph);
+    auto with_lib = CompileGraph(c.graph, false, lib);
+    ASSERT_TRUE(with_aten.ok()) << with_aten.status();
+    ASSERT_TRUE(with_lib.ok()) << with_lib.status();
+    int library = 0;
+    for (const auto& st : with_lib->result.artifact.plan().steps()) library += st.has_library();
+    EXPECT_EQ(library, c.library) << c.graph.debug_name();
+    EXPECT_EQ(with_lib->aten, 0);
+    auto want = testing::RunPlan(with_aten->result.artifact, c.inputs, Aten);
+    auto got = testing::RunPlan(with_lib->result.artifact, c.inputs, Aten);
+    ASSERT_TRUE(want.ok()) << want.status();
+    ASSERT_TRUE(got.ok()) << got.status();
+    ASSERT_EQ(got->size(), want->size());
+    for (size_t i = 0; i < got->size(); ++i) {
+      if ((*want)[i].storage == nullptr) continue;
+      ExpectNear(Values((*got)[i]), Values((*want)[i]), 1e-5);
+    }
+  }
+}
+
+TEST(CpuCompilerTest, LibraryBmmWithTransposedOperandAndEpilogue) {
+  CpuCompilerOptions lib;
+  lib.library_gemms_for_tests = true;
+  GraphBuilder b;
+  b.Input("q", C32({4, 8, 16})).Input("k", C32({4, 12, 16}))
+      .Call("transpose", "aten.transpose.int", {Ref("k"), I(1), I(2)}, C32({4, 16, 12}, {192, 1, 16}))
+      .Call("bmm", "aten.bmm.default", {Ref("q"), Ref("transpose")}, C32({4, 8, 12}))
+      .Call("mul", "aten.mul.Tensor", {Ref("bmm"), F(0.25)}, C32({4, 8, 12}))
+      .Output({"mul"});
+  auto c = CompileGraph(b.Build(), false, lib);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->kernels, 1);
+  EXPECT_EQ(c->aten, 0);
+  const HostTensor q = Random({4, 8, 16}, {}, 30), k = Random({4, 12, 16}, {}, 31);
+  auto out = testing::RunPlan(c->result.artifact, {q, k}, Aten);
+  ASSERT_TRUE(out.ok()) << out.status();
+  std::vector<double> want;
+  for (int bi = 0; bi < 4; ++bi) {
+    for (int i = 0; i < 8; ++i) {
+      for (int j = 0; j < 12; ++j) {
+        double acc = 0;
+        for (int p = 0; p < 16; ++p) acc += q.Get((bi * 8 + i) * 16 + p) * k.Get((bi * 12 + j) * 16 + p);
+        want.push_back(0.25 * static_cast<float>(acc));
+      }
+    }
+  }
+  ExpectNear(Values((*out)[0]), want, 1e-5);
+}
+
 // Position-dependent ops: cat of an input and a computed value, constant_pad_nd, select_backward,
 // slice_backward, tril.
 TEST(CpuCompilerTest, CompilerFailureIsInternalWithLog) {

@@ -100,7 +100,9 @@ absl::StatusOr<CompileResult> CudaGraphCompiler::Compile(const graph::PreparedGr
     for (const auto& [name, source] : result.sources) absl::StrAppend(&text, "// ", name, "\n", source, "\n");
     DumpStage("codegen", text);
   }
-  KILN_RETURN_IF_ERROR(BuildPlan(fe, bindings, &result, &timer));
+  lower::PlanOptions plan_options;
+  plan_options.library_gemms = true;  // GEMMs go to cuBLASLt through the client's runtime
+  KILN_RETURN_IF_ERROR(BuildPlan(fe, bindings, plan_options, &result, &timer));
 
   // compile: every group at once, one NVRTC worker process each.
   toolchain::NvrtcOptions nvrtc = options_.nvrtc;

@@ -53,10 +53,10 @@ absl::StatusOr<FrontEnd> LowerAndFuse(const graph::PreparedGraph& prepared, cons
   return fe;
 }
 
-absl::Status BuildPlan(FrontEnd& fe, const std::vector<lower::KernelBinding>& bindings, CompileResult* result,
-                       StageTimer* timer) {
+absl::Status BuildPlan(FrontEnd& fe, const std::vector<lower::KernelBinding>& bindings,
+                       const lower::PlanOptions& options, CompileResult* result, StageTimer* timer) {
   KILN_ASSIGN_OR_RETURN(*result->artifact.mutable_plan(),
-                        lower::AssemblePlan(fe.ops, fe.schedule, fe.kernels, bindings, &fe.stats));
+                        lower::AssemblePlan(fe.ops, fe.schedule, fe.kernels, bindings, &fe.stats, options));
   timer->Done("plan");
   if (spdlog::should_log(spdlog::level::debug)) {
     DumpStage("plan", result->artifact.plan().DebugString() + fe.stats.memory_dump);
@@ -77,6 +77,9 @@ void Finish(const graph::PreparedGraph& prepared, const FrontEnd& fe, CompileRes
   }
   result->summary = absl::StrCat(stats.kernels, stats.kernels == 1 ? " kernel, " : " kernels, ",
                                  stats.extern_steps, " extern op", stats.extern_steps == 1 ? ", " : "s, ",
+                                 stats.library_steps > 0 ? absl::StrCat(stats.library_steps, " library GEMM",
+                                                                        stats.library_steps == 1 ? ", " : "s, ")
+                                                         : "",
                                  stats.fallback_steps, " fallback op", stats.fallback_steps == 1 ? "" : "s",
                                  ", workspace ", result->artifact.plan().workspace_bytes(), " bytes");
   spdlog::debug("compiler: {}", result->summary);

@@ -53,8 +53,8 @@ absl::StatusOr<FrontEnd> LowerAndFuse(const graph::PreparedGraph& prepared, cons
                                       StageTimer* timer);
 
 // Assembles fe's plan into result->artifact.plan.
-absl::Status BuildPlan(FrontEnd& fe, const std::vector<lower::KernelBinding>& bindings, CompileResult* result,
-                       StageTimer* timer);
+absl::Status BuildPlan(FrontEnd& fe, const std::vector<lower::KernelBinding>& bindings,
+                       const lower::PlanOptions& options, CompileResult* result, StageTimer* timer);
 
 // One INFO diagnostic per op fallback (naming the node), and result->summary.
 void Finish(const graph::PreparedGraph& prepared, const FrontEnd& fe, CompileResult* result);

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kiln_runtime.h"
+#include "server/lower/gemm_step.h"
 
 namespace kiln::compiler::testing {
 
@@ -100,6 +101,55 @@ std::vector<double> Values(const HostTensor& t) {
   return r;
 }
 
+namespace {
+
+// A LibraryStep "cublasLt.matmul" computed naively (f64 accumulation, one rounding to the dtype).
+absl::Status RunGemm(const v1::LibraryStep& step, const std::vector<HostTensor>& values, const std::vector<bool>& ready) {
+  namespace l = ::kiln::lower;
+  if (absl::Status s = l::CheckGemmStep(step); !s.ok()) return s;
+  for (int i = 0; i < 4; ++i) {
+    const int32_t a = step.args(i);
+    if (a >= static_cast<int32_t>(values.size()) || (a >= 0 && !ready[a])) {
+      return absl::InternalError(absl::StrCat("library step arg v", a, " not ready"));
+    }
+  }
+  auto p = [&](int i) { return step.int_params(i); };
+  const int64_t batch = p(l::kGemmBatch), m = p(l::kGemmM), n = p(l::kGemmN), k = p(l::kGemmK);
+  const auto dtype = static_cast<v1::DType>(p(l::kGemmDType));
+  auto view = [&](int arg, std::vector<int64_t> sizes, std::vector<int64_t> strides) {
+    HostTensor t = values[step.args(arg)];
+    if (t.dtype != dtype) return HostTensor();
+    t.sizes = std::move(sizes);
+    t.strides = std::move(strides);
+    return t;
+  };
+  const HostTensor a = view(1, {batch, m, k}, {p(l::kGemmABatchStride), p(l::kGemmARowStride), p(l::kGemmAColStride)});
+  const HostTensor b = view(2, {batch, k, n}, {p(l::kGemmBBatchStride), p(l::kGemmBRowStride), p(l::kGemmBColStride)});
+  HostTensor d = view(0, {batch, m, n}, {p(l::kGemmDBatchStride), p(l::kGemmDRowStride), 1});
+  HostTensor c;
+  if (p(l::kGemmCKind) == l::kGemmBias) c = view(3, {batch, m, n}, {0, 0, 1});
+  if (p(l::kGemmCKind) == l::kGemmMatrix) c = view(3, {batch, m, n}, {p(l::kGemmCBatchStride), p(l::kGemmCRowStride), 1});
+  if (!a.storage || !b.storage || !d.storage || (p(l::kGemmCKind) != l::kGemmNoC && !c.storage)) {
+    return absl::InternalError("library step operand of another dtype");
+  }
+  const double alpha = step.float_params(0), beta = step.float_params(1);
+  for (int64_t bi = 0; bi < batch; ++bi) {
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < n; ++j) {
+        double acc = 0;
+        for (int64_t q = 0; q < k; ++q) acc += a.Get((bi * m + i) * k + q) * b.Get((bi * k + q) * n + j);
+        const int64_t e = (bi * m + i) * n + j;
+        double out = alpha * acc;
+        if (c.storage) out += beta * c.Get(e);
+        d.Set(e, out);
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 int32_t ArgValue(const v1::Argument& a) {
   if (a.value_case() != v1::Argument::kNode || a.node().size() < 2 || a.node()[0] != 'v') return -1;
   return std::stoi(a.node().substr(1));
@@ -191,8 +241,10 @@ absl::StatusOr<std::vector<HostTensor>> RunPlan(const v1::Artifact& artifact, co
         ready[o] = true;
       }
       if (auto st = views(); !st.ok()) return st;
+    } else if (step.has_library()) {
+      if (auto st = RunGemm(step.library(), values, ready); !st.ok()) return st;
     } else {
-      return absl::UnimplementedError("library step");
+      return absl::UnimplementedError("empty step");
     }
   }
   std::vector<HostTensor> result;

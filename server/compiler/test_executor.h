@@ -3,7 +3,8 @@
 
 // Test helper: a C++ executor of kiln.v1.Plan with exactly the semantics documented in
 // server/lower/plan_builder.h (what the Python client implements), over host tensors. Kernel
-// steps run through the runtime (runtime/kiln_runtime.h); aten steps through a callback.
+// steps run through the runtime (runtime/kiln_runtime.h); aten steps through a callback; library
+// GEMM steps (server/lower/gemm_step.h) naively here, with f64 accumulation.
 
 #include <cstdint>
 #include <functional>

@@ -5,8 +5,10 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "server/graph/op_registry.h"
 #include "server/base/status_macros.h"
+#include "server/graph/op_registry.h"
+#include "server/lower/gemm_step.h"
+#include "spdlog/spdlog.h"
 
 namespace kiln::lower {
 namespace {
@@ -25,7 +27,8 @@ int64_t SpanBytes(const LValue& v) {
 
 class Assembler {
  public:
-  Assembler(const OpGraph& g, const Schedule& s) : g_(g), s_(s), index_(g.values.size(), -1) {
+  Assembler(const OpGraph& g, const Schedule& s, const PlanOptions& options)
+      : g_(g), s_(s), options_(options), index_(g.values.size(), -1) {
     for (int32_t o : g.outputs) {
       if (o >= 0) outputs_.insert(o);
     }
@@ -46,18 +49,14 @@ class Assembler {
         pv.set_index(x.constant_index);
         break;
       case ValueKind::kStepOutput:
-        pv.set_storage(v1::PlanValue::STORAGE_STEP);
-        pv.set_index(-1);
-        break;
-      case ValueKind::kView: {
-        const int32_t root = ViewRoot(g_, v);
-        KILN_ASSIGN_OR_RETURN(int32_t base, Ensure(root));
-        pv.set_storage(v1::PlanValue::STORAGE_VIEW);
-        pv.set_index(base);
-        pv.set_offset(x.storage_offset - g_.values[root].storage_offset);
-        break;
-      }
-      default:
+        if (!library_outputs_.count(v)) {
+          pv.set_storage(v1::PlanValue::STORAGE_STEP);
+          pv.set_index(-1);
+          break;
+        }
+        [[fallthrough]];  // a library step writes into storage the plan allocates, as a kernel does
+      case ValueKind::kPointwise:
+      case ValueKind::kRowOutput:
         if (!s_.stored[v]) return absl::InternalError(absl::StrCat("v", v, " is used but never stored"));
         pv.mutable_meta()->mutable_storage_offset()->set_constant(0);
         if (outputs_.count(v) || pinned_.count(v)) {
@@ -67,6 +66,14 @@ class Assembler {
           workspace_.push_back(v);
         }
         break;
+      case ValueKind::kView: {
+        const int32_t root = ViewRoot(g_, v);
+        KILN_ASSIGN_OR_RETURN(int32_t base, Ensure(root));
+        pv.set_storage(v1::PlanValue::STORAGE_VIEW);
+        pv.set_index(base);
+        pv.set_offset(x.storage_offset - g_.values[root].storage_offset);
+        break;
+      }
     }
     index_[v] = plan_.values_size();
     *plan_.add_values() = std::move(pv);
@@ -141,6 +148,49 @@ class Assembler {
     return absl::OkStatus();
   }
 
+  // A GEMM as a cuBLASLt call: its operands, its result (allocated by the plan) and its scratch.
+  absl::Status AddLibraryStep(const ExternStep& st, const GemmCall& call, int32_t pos) {
+    v1::LibraryStep* lib = plan_.add_steps()->mutable_library();
+    lib->set_function(kGemmFunction);
+    for (int32_t v : {call.d, call.a, call.b, call.c}) {
+      if (v < 0) {
+        lib->add_args(-1);
+        continue;
+      }
+      KILN_ASSIGN_OR_RETURN(int32_t pi, Ensure(v));
+      lib->add_args(pi);
+    }
+    const int64_t scratch = call.params[kGemmWorkspaceBytesParam];
+    if (scratch > 0) {
+      v1::PlanValue pv;
+      v1::TensorMeta* meta = pv.mutable_meta();
+      *meta = g_.values[call.d].meta;
+      meta->set_dtype(v1::DTYPE_UINT8);
+      meta->clear_sizes();
+      meta->clear_strides();
+      meta->add_sizes()->set_constant(scratch);
+      meta->add_strides()->set_constant(1);
+      meta->mutable_storage_offset()->set_constant(0);
+      pv.set_storage(v1::PlanValue::STORAGE_WORKSPACE);
+      scratch_.push_back({plan_.values_size(), scratch, pos});
+      lib->add_args(plan_.values_size());
+      *plan_.add_values() = std::move(pv);
+    } else {
+      lib->add_args(-1);
+    }
+    for (int64_t p : call.params) lib->add_int_params(p);
+    lib->add_float_params(call.alpha);
+    lib->add_float_params(call.beta);
+    if (absl::Status s = CheckGemmStep(*lib); !s.ok()) {
+      return absl::InternalError(absl::StrCat("node ", g_.graph->nodes[st.node].name, ": ", s.message()));
+    }
+    for (int32_t v : {call.a, call.b, call.c}) {
+      if (v >= 0) Read(v, pos);
+    }
+    Write(call.d, pos);
+    return absl::OkStatus();
+  }
+
   void Read(int32_t v, int32_t pos) {
     const int32_t r = ViewRoot(g_, v);
     auto& lr = live_[r];
@@ -163,6 +213,22 @@ class Assembler {
       if (!st.may_alias) continue;
       for (int32_t in : st.inputs) pinned_.insert(ViewRoot(g_, in));
     }
+    std::map<int32_t, GemmCall> gemms;  // step -> its cuBLASLt call
+    if (options_.library_gemms) {
+      for (size_t i = 0; i < g_.steps.size(); ++i) {
+        const ExternStep& st = g_.steps[i];
+        if (st.fallback) continue;
+        absl::StatusOr<GemmCall> call = MatchGemm(g_, st);
+        if (!call.ok()) {
+          if (st.target.find("mm.default") != std::string::npos) {
+            spdlog::debug("plan: {}", std::string(call.status().message()));
+          }
+          continue;
+        }
+        library_outputs_.insert(call->d);
+        gemms.emplace(static_cast<int32_t>(i), *call);
+      }
+    }
     for (const LValue& v : g_.values) {
       if (v.kind == ValueKind::kInput) (void)Ensure(v.id);
     }
@@ -171,6 +237,12 @@ class Assembler {
     for (const ScheduleItem& it : s_.items) {
       if (it.is_step) {
         const ExternStep& st = g_.steps[it.index];
+        if (auto gemm = gemms.find(it.index); gemm != gemms.end()) {
+          KILN_RETURN_IF_ERROR(AddLibraryStep(st, gemm->second, pos));
+          ++stats->library_steps;
+          ++pos;
+          continue;
+        }
         KILN_RETURN_IF_ERROR(AddStep(st, pos));
         if (st.fallback) {
           ++stats->fallback_steps;
@@ -227,20 +299,38 @@ class Assembler {
       }
       req.push_back(r);
     }
+    for (const Scratch& sc : scratch_) {
+      BufferRequest r;
+      r.bytes = sc.bytes;
+      r.first = r.last = sc.pos;
+      req.push_back(r);
+    }
     KILN_ASSIGN_OR_RETURN(MemoryPlan mp, PlanMemory(req, 64));
     for (size_t i = 0; i < workspace_.size(); ++i) plan_.mutable_values(index_[workspace_[i]])->set_offset(mp.offsets[i]);
+    for (size_t i = 0; i < scratch_.size(); ++i) {
+      plan_.mutable_values(scratch_[i].value)->set_offset(mp.offsets[workspace_.size() + i]);
+    }
     plan_.set_workspace_bytes(mp.workspace_bytes);
     stats->memory_dump = PrintMemoryPlan(req, mp);
     return std::move(plan_);
   }
 
  private:
+  struct Scratch {
+    int32_t value;  // plan value
+    int64_t bytes;
+    int32_t pos;    // the step using it
+  };
+
   const OpGraph& g_;
   const Schedule& s_;
+  const PlanOptions& options_;
   std::vector<int32_t> index_;
   std::set<int32_t> outputs_;
   std::set<int32_t> pinned_;  // computed values allocated as OUTPUT storage (never reused)
   std::vector<int32_t> workspace_;
+  std::set<int32_t> library_outputs_;  // results of library steps (allocated by the plan)
+  std::vector<Scratch> scratch_;       // library steps' workspace values
   std::map<int32_t, std::pair<int32_t, int32_t>> live_;  // root value -> [first write, last read]
   v1::Plan plan_;
 };
@@ -254,8 +344,9 @@ std::vector<KernelBinding> BindToBinary(const std::vector<std::string>& symbols,
 }
 
 absl::StatusOr<v1::Plan> AssemblePlan(const OpGraph& g, const Schedule& s, const KernelSet& kernels,
-                                      const std::vector<KernelBinding>& bindings, PlanStats* stats) {
-  return Assembler(g, s).Run(kernels, bindings, stats);
+                                      const std::vector<KernelBinding>& bindings, PlanStats* stats,
+                                      const PlanOptions& options) {
+  return Assembler(g, s, options).Run(kernels, bindings, stats);
 }
 
 }  // namespace kiln::lower

@@ -33,6 +33,11 @@
 //     grid/block) with buffers[j] = data pointer of values[args[j]] at its storage offset
 //     (tensor.data_ptr()), and no scalars (scalar_args is empty: static shapes). Consecutive
 //     kernel steps of one binary may be handed to the runtime in one call.
+//   LibraryStep (CUDA plans, PlanOptions::library_gemms): a call into a vendor library made by the
+//     client's runtime on the caller's current stream; function "cublasLt.matmul" is a GEMM whose
+//     encoding server/lower/gemm_step.h documents. Its result value (args[0]) has storage OUTPUT
+//     or WORKSPACE like a kernel's; its workspace value (args[4]) is u8 scratch live only during
+//     the step. A client without the library runs it with torch (same semantics).
 //   AtenStep: call torch.ops.<target> (target "aten.mm.default" -> torch.ops.aten.mm.default) with
 //     `args` and `kwargs` converted as graph.proto says, where an Argument whose `node` is
 //     "v<i>" is values[i]; lists convert item by item. For registry ops the arguments are in
@@ -65,7 +70,8 @@ namespace kiln::lower {
 
 struct PlanStats {
   int32_t kernels = 0;
-  int32_t extern_steps = 0;
+  int32_t extern_steps = 0;   // aten steps that are not fallbacks
+  int32_t library_steps = 0;  // extern GEMMs emitted as LibrarySteps
   int32_t fallback_steps = 0;
   std::vector<int32_t> fallback_nodes;  // graph nodes
   std::vector<std::string> fallback_reasons;
@@ -81,11 +87,18 @@ struct KernelBinding {
   int32_t shared_bytes = 0;
 };
 
+struct PlanOptions {
+  // Extern mm/bmm/addmm/baddbmm steps that cuBLASLt can run become LibrarySteps (gemm_step.h);
+  // the rest stay AtenSteps (the reason is logged at debug level). The CUDA compiler sets it.
+  bool library_gemms = false;
+};
+
 // Bindings for kernels that all live in binary `binary` under `symbols` (CPU).
 std::vector<KernelBinding> BindToBinary(const std::vector<std::string>& symbols, int32_t binary);
 
 absl::StatusOr<::kiln::v1::Plan> AssemblePlan(const OpGraph& g, const Schedule& s, const KernelSet& kernels,
-                                              const std::vector<KernelBinding>& bindings, PlanStats* stats);
+                                              const std::vector<KernelBinding>& bindings, PlanStats* stats,
+                                              const PlanOptions& options = PlanOptions());
 
 }  // namespace kiln::lower
 

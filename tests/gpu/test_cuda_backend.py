@@ -1,6 +1,7 @@
 """torch.compile(backend="kiln") on CUDA tensors, end to end on a GPU: kilnd compiles the graphs for
 the GPU's sm_XY (NVRTC), the client loads the cubins through the runtime (runtime/kiln_cuda.h) and
-launches them on torch's current stream, next to the aten steps (GEMMs) torch runs.
+launches them on torch's current stream, with the GEMMs as cuBLASLt library steps
+(runtime/kiln_cublas.h) on the same stream.
 
 Run on the GPU machine from the repository root (torch with CUDA, g++ for the runtime library, a
 kilnd binary; no Bazel needed there):
@@ -11,7 +12,8 @@ KILND defaults to bazel-bin/server/kilnd. kilnd finds NVRTC through --nvrtc, whi
 the libnvrtc.so.* of the nvidia-cuda-nvrtc wheel torch depends on when there is one (else
 KILN_NVRTC_PATH, /usr/local/cuda/lib64, the loader's path). Skipped without a CUDA device.
 
-Tolerances (kiln's kernels reduce in another order than torch's; GEMMs are torch's own):
+Tolerances (kiln's kernels reduce in another order than torch's; GEMMs are cuBLASLt's, as torch's,
+with TF32 off as torch's default, though the algorithm may differ):
   float32 outputs rtol 1e-4, atol 1e-5; float32 gradients rtol 1e-4, atol 1e-4;
   bfloat16 outputs rtol 2e-2, atol 2e-2 (one bf16 rounding of the output apart).
 """
@@ -141,6 +143,57 @@ def test_softmax_layernorm_block(server, dtype, tol):
     want = norm_block(x.float(), w.float(), b.float()).to(dtype) if dtype != torch.float32 else norm_block(x, w, b)
     torch.testing.assert_close(got, want, **tol)
     assert_compiled_on_cuda(expect_graphs=1)
+
+
+def gemm_cases(dtype):
+    """(name, fn, args): GEMMs that kilnd plans as cuBLASLt library steps, with kernels around some."""
+    def r(*shape):
+        return torch.randn(*shape, device="cuda", dtype=dtype)
+
+    F = torch.nn.functional
+    return [
+        ("mm-t", lambda x, w: x @ w.t(), (r(96, 64), r(80, 64))),
+        ("mm-both-t", lambda x, w: torch.mm(x.t(), w.t()), (r(64, 96), r(80, 64))),
+        ("linear", F.linear, (r(96, 64), r(80, 64), r(80))),
+        ("kernel-gemm-kernel", lambda x, w, b: torch.relu(F.linear(x * 2 + 1, w, b)) * 3, (r(96, 64), r(80, 64), r(80))),
+        ("addmm-matrix", lambda c, x, w: torch.addmm(c, x, w, beta=0.5, alpha=2.0), (r(96, 80), r(96, 64), r(80, 64).t())),
+        ("bmm-t", lambda q, k: torch.bmm(q, k.transpose(1, 2)) * 0.125, (r(6, 40, 32), r(6, 48, 32))),
+        ("baddbmm", lambda c, x, y: torch.baddbmm(c, x, y, beta=0.5, alpha=2.0), (r(4, 40, 24), r(4, 40, 32), r(4, 32, 24))),
+        ("attention", lambda q, k, v: torch.softmax(q @ k.transpose(-1, -2) * 0.125, -1) @ v,
+         (r(2, 4, 64, 32), r(2, 4, 64, 32), r(2, 4, 64, 32))),
+    ]
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, F32), (torch.bfloat16, BF16)])
+def test_gemms_run_as_cublaslt_library_steps(server, dtype, tol, caplog):
+    """mm/bmm/addmm/baddbmm/linear with transposed views run through cuBLASLt (not torch's aten ops,
+    not the torch fallback), on the current stream, between kernels; results match eager."""
+    torch.manual_seed(2)
+    torch.backends.cuda.matmul.allow_tf32 = False  # torch's default; the plan follows it
+    for name, fn, args in gemm_cases(dtype):
+        torch._dynamo.reset()
+        kiln.backend.reset()
+        kiln.reset_stats()
+        compiled = torch.compile(fn, backend="kiln", options={"server": server.address})
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            got = compiled(*args)
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                again = compiled(*[a * 1 for a in args])  # inputs made on `stream`, GEMMs after them
+            torch.cuda.current_stream().wait_stream(stream)
+        no_kiln_warnings(caught)
+        want = fn(*args)
+        torch.testing.assert_close(got, want, **tol, msg=name)
+        torch.testing.assert_close(again, want, **tol, msg=name)
+        s = kiln.stats()
+        assert s["graph_fallbacks"] == 0 and s["eager_calls"] == 0 and s["plan_calls"] == 2, (name, s)
+        assert s["library_steps"] >= 1, (name, s)
+    assert not [r.message for r in caplog.records if "run with torch" in r.getMessage()]
+    from kiln import runtime
+    versions = [rt._cublas for rt in runtime._LOADED.values()]
+    assert any(isinstance(v, int) and v > 0 for v in versions), versions  # cuBLASLt was loaded
 
 
 def test_kernels_run_on_the_current_stream(server):

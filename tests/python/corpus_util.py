@@ -169,6 +169,7 @@ class Summary:
         self.rows["graphs"] += 1
         self.rows["kernels"] += k
         self.rows["extern steps"] += e
+        self.rows["library steps"] += sum(1 for s in plan.steps if s.WhichOneof("kind") == "library")
         self.rows["op fallbacks"] += f
         self.rows["graphs with fallbacks"] += bool(f)
         self.fallback_ops.update(targets)

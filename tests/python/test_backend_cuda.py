@@ -141,3 +141,80 @@ def test_kilnds_cuda_artifacts_pass_the_plan_checks(monkeypatch):
         assert len(specs) == ex.kernel_steps
         for spec in specs:
             assert spec.grid_x >= 1 and 1 <= spec.block_x <= 1024 and spec.scalars == ()
+
+
+def _gemms():
+    """GEMM-only functions (views and cuBLASLt library steps in a CUDA plan, no kernels)."""
+    f32, bf16 = torch.float32, torch.bfloat16
+    r = torch.randn
+    return [
+        ("mm-t", lambda x, w: x @ w.t(), (r(6, 8), r(4, 8))),
+        ("linear", torch.nn.functional.linear, (r(6, 8), r(4, 8), r(4))),
+        ("linear-bf16", torch.nn.functional.linear, (r(6, 8, dtype=bf16), r(4, 8, dtype=bf16), r(4, dtype=bf16))),
+        ("addmm-matrix", lambda c, x, w: torch.addmm(c, x, w, beta=0.5, alpha=2.0), (r(6, 4), r(6, 8), r(4, 8).t())),
+        ("bmm-t", lambda q, k: torch.bmm(q, k.transpose(1, 2)), (r(3, 5, 8), r(3, 7, 8))),
+        ("baddbmm", lambda c, x, y: torch.baddbmm(c, x, y, beta=0.5, alpha=2.0),
+         (r(2, 5, 3, dtype=f32), r(2, 5, 8), r(2, 8, 3))),
+    ]
+
+
+def test_cuda_library_steps_run_with_torch_on_cpu_tensors(monkeypatch):
+    """kilnd's CUDA plans for GEMMs (library steps "cublasLt.matmul") run here on CPU tensors through
+    the executor's torch path: the encoding (strides, transposes, bias, alpha/beta, batches) gives
+    what eager torch gives, and the plans hold library steps, not aten GEMMs."""
+    nvrtc = nvrtc_library()
+    if nvrtc is None:
+        pytest.skip("no NVRTC library for kilnd's CUDA compiles")
+    monkeypatch.setattr(kiln.backend, "target_for", lambda inputs, opts: SM90)
+    server = Kilnd(f"--nvrtc={nvrtc}")
+    try:
+        for name, fn, args in _gemms():
+            torch._dynamo.reset()
+            kiln.backend.reset()
+            kiln.reset_stats()
+            got = torch.compile(fn, backend="kiln", options={"server": server.address})(*args)
+            tol = dict(rtol=2e-2, atol=2e-2) if args[0].dtype == torch.bfloat16 else dict(rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(got, fn(*args), **tol, msg=name)
+            s = kiln.stats()
+            assert s["plan_calls"] == 1 and s["graph_fallbacks"] == 0, (name, s)
+            assert s["library_steps"] == 1 and s["kernel_steps"] == 0 and s["op_fallbacks"] == 0, (name, s)
+    finally:
+        assert server.stop() == 0
+
+
+def test_library_step_plan_errors(monkeypatch):
+    """A library step the client does not know, or one whose params do not match its values, is a
+    PlanError (the graph then runs eagerly), never a wrong call into the runtime."""
+    plan = proto.Plan(num_inputs=2)
+    for sizes in ([4, 8], [8, 3], [4, 3]):
+        v = plan.values.add(storage=proto.PlanValue.STORAGE_OUTPUT)
+        v.meta.dtype = proto.DTYPE_FLOAT32
+        for s in sizes:
+            v.meta.sizes.add().constant = s
+        for st in torch.empty(sizes).stride():
+            v.meta.strides.add().constant = st
+    plan.values[0].storage = plan.values[1].storage = proto.PlanValue.STORAGE_INPUT
+    plan.values[1].index = 1
+    lib = plan.steps.add().library
+    lib.function = "cublasLt.matmul"
+    lib.args[:] = [2, 0, 1, -1, -1]
+    lib.int_params[:] = [1, 4, 3, 8, proto.DTYPE_FLOAT32, 0, 8, 1, 0, 3, 1, 0, 3, 0, 0, 0, 0, 0]
+    lib.float_params[:] = [1.0, 0.0]
+    plan.outputs.append(2)
+    artifact = testing.make_artifact(plan, SM90, [])
+    graph = proto.Graph()
+    x, w = torch.randn(4, 8), torch.randn(8, 3)
+    (out,) = PlanExecutor(artifact, graph)([x, w])  # good: torch on CPU tensors
+    torch.testing.assert_close(out, x @ w)
+    bad = proto.Artifact()
+    bad.CopyFrom(artifact)
+    bad.plan.steps[0].library.int_params[6] = 9  # A's row stride: reaches past x
+    with pytest.raises(executor.PlanError, match="reaches element"):
+        PlanExecutor(bad, graph)([x, w])
+    bad.plan.steps[0].library.function = "cublas.gemm"
+    with pytest.raises(executor.PlanError, match="unknown library function"):
+        PlanExecutor(bad, graph)
+    bad.CopyFrom(artifact)
+    bad.plan.steps[0].library.args[3] = 0  # a C value without c_kind
+    with pytest.raises(executor.PlanError, match="does not match the params"):
+        PlanExecutor(bad, graph)

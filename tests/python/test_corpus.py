@@ -241,6 +241,16 @@ case("select_scatter", lambda x, y: torch.select_scatter(x, y, 0, 1), r(3, 7), r
 case("mm", torch.mm, r(5, 8), r(8, 3))
 case("bmm", torch.bmm, r(2, 5, 8), r(2, 8, 3))
 case("addmm", lambda b, x, w: torch.addmm(b, x, w, beta=0.5, alpha=2), r(3), r(5, 8), r(8, 3))
+# GEMMs as cuBLASLt library steps on CUDA: transposed operands, bias epilogues, scales, bf16; a
+# sliced operand (no unit stride) stays an aten step
+case("mm-transposed", torch.mm, tr(5, 8), tr(8, 3))
+case("mm-sliced", torch.mm, sl(5, 8), r(8, 3))
+case("linear-bias", F.linear, r(6, 8), r(4, 8), r(4))
+case("linear-bias-bf16", F.linear, r(6, 8, dtype=bf16), r(4, 8, dtype=bf16), r(4, dtype=bf16))
+case("addmm-matrix", lambda c, x, w: torch.addmm(c, x, w, beta=0.5, alpha=2), r(5, 3), r(5, 8), tr(8, 3))
+case("bmm-transposed", torch.bmm, r(2, 5, 8), tr(2, 8, 3))
+case("baddbmm", lambda c, x, y: torch.baddbmm(c, x, y, beta=0.5, alpha=2), r(2, 5, 3), r(2, 5, 8), r(2, 8, 3))
+case("mm-relu", lambda x, w: torch.relu(x @ w.t()) * 2, r(5, 8), r(3, 8))
 case("conv2d", lambda x, w, b: F.conv2d(x, w, b, padding=1), r(1, 3, 6, 6), r(4, 3, 3, 3), r(4))
 case("avg_pool2d", lambda x: F.avg_pool2d(x, 2), r(1, 3, 6, 6))
 case("max_pool2d", lambda x: F.max_pool2d(x, 2), r(1, 3, 6, 6))
@@ -482,10 +492,65 @@ def gold_run(gm, wide):
         return [o.to(DEVICE) if isinstance(o, torch.Tensor) else o for o in flatten(out)]
 
 
+GEMMS = ("aten.mm.default", "aten.bmm.default", "aten.addmm.default", "aten.baddbmm.default")
+GEMM_DTYPES = (proto.DTYPE_FLOAT32, proto.DTYPE_FLOAT16, proto.DTYPE_BFLOAT16)
+
+
+def _ints(xs):
+    return [x.constant for x in xs]
+
+
+def _plain_matrix(meta):
+    """Contiguous, or contiguous with its last two dims swapped (t(), transpose(-2, -1))."""
+    sizes, strides = _ints(meta.sizes), _ints(meta.strides)
+    want = torch.empty(sizes, device="meta").stride()
+    swapped = torch.empty(sizes[:-2] + sizes[-2:][::-1], device="meta").transpose(-2, -1).stride()
+    return all(sizes) and (tuple(strides) in (tuple(want), tuple(swapped)) or 1 in sizes[-2:])
+
+
+def cublas_expected(cpu_plan, step):
+    """Whether kilnd must plan this CPU aten GEMM as a cuBLASLt library step for CUDA: its operands
+    are plain matrices of one float dtype, and addmm's self is a bias vector (beta 1) or the
+    result's shape (a subset of what gemm_step.h accepts)."""
+    if step.target not in GEMMS:
+        return False
+    values = [cpu_plan.values[int(a.node[1:])] for a in step.args if a.WhichOneof("value") == "node"]
+    if len({v.meta.dtype for v in values}) != 1 or values[0].meta.dtype not in GEMM_DTYPES:
+        return False
+    for kw in step.kwargs:  # beta, alpha
+        kind = kw.value.WhichOneof("value")
+        if kind not in ("int_value", "float_value") or getattr(kw.value, kind) != 1:
+            return False
+    if step.target.startswith("aten.add") or step.target.startswith("aten.badd"):
+        self_sizes = _ints(values[0].meta.sizes)
+        out_sizes = _ints(cpu_plan.values[step.outputs[0]].meta.sizes)
+        if not (self_sizes == out_sizes and _plain_matrix(values[0].meta) and
+                _ints(values[0].meta.strides) == list(torch.empty(out_sizes, device="meta").stride())):
+            if len(self_sizes) != 1 or _ints(values[0].meta.strides) != [1] or step.target != GEMMS[2]:
+                return False
+        values = values[1:]
+    return all(_plain_matrix(v.meta) for v in values)
+
+
+def check_library_step(plan, step, cpu_plan, cpu_step, where):
+    """A cuBLASLt step in place of the CPU plan's aten GEMM: same result shape and dtype, params
+    that agree with it."""
+    lib = step.library
+    assert lib.function == "cublasLt.matmul", where
+    assert len(lib.int_params) == 18 and len(lib.float_params) == 2 and len(lib.args) == 5, where
+    d = plan.values[lib.args[0]].meta
+    want = cpu_plan.values[cpu_step.outputs[0]].meta
+    assert _ints(d.sizes) == _ints(want.sizes) and d.dtype == want.dtype, where
+    batch, m, n = lib.int_params[:3]
+    assert [batch, m, n][3 - len(d.sizes):] == _ints(d.sizes) and lib.int_params[4] == d.dtype, where
+    assert plan.values[lib.args[0]].storage in (proto.PlanValue.STORAGE_OUTPUT, proto.PlanValue.STORAGE_WORKSPACE)
+
+
 @pytest.mark.parametrize("name", list(CASES))
 def test_graph_compiles_for_cuda(corpus, name):
-    """The same graph compiled for sm_80 and sm_90: cubins, the same steps as the CPU plan, and a
-    launch (grid, block) for every kernel step."""
+    """The same graph compiled for sm_80 and sm_90: cubins, the steps of the CPU plan (with cuBLASLt
+    library steps in place of the aten GEMMs that cuBLASLt can express), and a launch (grid,
+    block) for every kernel step."""
     if name not in corpus.cuda:
         if isinstance(corpus.entries[name], Exception):
             raise corpus.entries[name]
@@ -498,7 +563,16 @@ def test_graph_compiles_for_cuda(corpus, name):
         assert response.source in OK_SOURCES, proto.CacheSource.Name(response.source)
         artifact = response.artifact
         plan = artifact.plan
-        assert [s.WhichOneof("kind") for s in plan.steps] == [s.WhichOneof("kind") for s in cpu_plan.steps], arch
+        assert len(plan.steps) == len(cpu_plan.steps), arch
+        for i, (s, c) in enumerate(zip(plan.steps, cpu_plan.steps)):
+            kind, cpu_kind = s.WhichOneof("kind"), c.WhichOneof("kind")
+            where = f"{arch} step {i}: {cpu_kind} {c.aten.target if cpu_kind == 'aten' else ''}"
+            if kind == "library":
+                assert cpu_kind == "aten" and c.aten.target in GEMMS, where
+                check_library_step(plan, s, cpu_plan, c.aten, where)
+            else:
+                assert kind == cpu_kind, where
+                assert not (kind == "aten" and cublas_expected(cpu_plan, c.aten)), f"{where}: cuBLASLt expected"
         assert all(b.kind == proto.Binary.KIND_CUBIN and b.data[:4] == b"\x7fELF" for b in artifact.binaries)
         for s in plan.steps:
             if s.WhichOneof("kind") == "kernel":

@@ -471,6 +471,8 @@ class CompiledGraph:
             times["load"] = time.perf_counter() - t0
             stats_mod.add_to("client_time_s", "load", times["load"])
         stats_mod.add("op_fallbacks", spec.executor.op_fallbacks)
+        if spec.executor.library_steps:
+            stats_mod.add("library_steps", spec.executor.library_steps)
         if spec.executor.kernel_steps:
             stats_mod.add("kernel_steps", spec.executor.kernel_steps)
             stats_mod.add_to("kernel_steps_by_device", "cuda" if spec.executor.cuda else "cpu",

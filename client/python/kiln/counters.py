@@ -10,6 +10,7 @@ Counted once per graph (not per call):
   op_fallbacks     ops run by torch inside compiled plans (AtenStep.fallback), per loaded plan
   kernel_steps     compiled kernel steps (KernelStep) in the loaded plans, per loaded plan;
                    ``kernel_steps_by_device`` splits them (cpu/cuda)
+  library_steps    vendor-library steps (LibraryStep: cuBLASLt GEMMs of CUDA plans), per loaded plan
   eager_calls      calls of graphs that ran eagerly (every call)
   plan_calls       calls that ran a compiled plan (every call)
   cuda_graph_captures, cuda_graph_replays
@@ -40,6 +41,7 @@ def _fresh():
         "op_fallbacks": 0,
         "kernel_steps": 0,
         "kernel_steps_by_device": {"cpu": 0, "cuda": 0},
+        "library_steps": 0,
         "eager_calls": 0,
         "plan_calls": 0,
         "cuda_graph_captures": 0,

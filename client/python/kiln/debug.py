@@ -150,7 +150,9 @@ def format_plan(plan, artifact=None):
             lines.append(f"step {i}: kernel {k.symbol}@binary{k.binary}("
                          f"{', '.join(f'v{x}' for x in k.args)}; scalars {list(k.scalar_args)}){launch}")
         elif kind == "library":
-            lines.append(f"step {i}: library {step.library.function}({list(step.library.args)})")
+            lib = step.library
+            lines.append(f"step {i}: library {lib.function}({list(lib.args)}; params {list(lib.int_params)}; "
+                         f"alpha, beta {list(lib.float_params)})")
     lines.append("outputs: " + ", ".join(f"v{o}" for o in plan.outputs))
     if artifact is not None:
         for i, b in enumerate(artifact.binaries):

@@ -42,7 +42,13 @@ Contract (how this client reads a Plan; kilnd writes plans to match):
   * Plan.outputs lists value indices in graph output order; -1 marks a graph output that is not a
     tensor (None, as AOTAutograd backward graphs return; or an int/SymInt, evaluated from the
     graph's output metadata). This matches server/lower/plan_builder.h.
-  * LibraryStep: not supported yet (NotImplementedError at load, so the graph runs eagerly).
+  * LibraryStep "cublasLt.matmul" (CUDA plans; encoding in server/lower/gemm_step.h and the proto):
+    a GEMM D = alpha * A @ B (+ bias | + beta * C) over strided views of its values. On a CUDA
+    device it runs through the runtime's cuBLASLt (kiln_cublas.h) on the same stream as the
+    kernels, with TF32 for f32 when torch allows it (torch.get_float32_matmul_precision() is not
+    "highest"); where cuBLASLt cannot be loaded (a warning, once) or has no algorithm for a GEMM,
+    and on CPU tensors, torch runs it (as_strided views, torch.mm/addmm/bmm/baddbmm into D). The
+    operands' extents are checked against their values' metadata when the program is built.
 A plan that breaks these rules raises PlanError at load, or at run time when it depends on sizes.
 
 How a call runs (the per-call cost is the point): the first call on a device (for symbolic plans:
@@ -68,6 +74,7 @@ from kiln._tables import PB_TO_DEVICE, PB_TO_DTYPE, PB_TO_LAYOUT, PB_TO_MEMORY_F
 from kiln.deserialize import resolve_target
 from kiln.errors import SerializeError
 from kiln.guards import eval_expr, eval_symint
+from kiln.runtime import GemmUnsupported, RuntimeUnavailable
 
 log = logging.getLogger("kiln")
 
@@ -76,6 +83,19 @@ _SO = proto.Binary.KIND_SHARED_OBJECT
 _CUDA_KINDS = (proto.Binary.KIND_CUBIN, proto.Binary.KIND_PTX)
 _MAX_GRID_X = (1 << 31) - 1
 _MAX_BLOCK_X = 1024
+_GEMM = "cublasLt.matmul"
+_GEMM_PARAMS = 18  # server/lower/gemm_step.h kGemmParamCount
+_GEMM_DTYPES = (proto.DTYPE_FLOAT32, proto.DTYPE_FLOAT16, proto.DTYPE_BFLOAT16)
+_warned = set()
+_warned_lock = threading.Lock()
+
+
+def _warn_once(key, message):
+    with _warned_lock:
+        if key in _warned:
+            return
+        _warned.add(key)
+    log.warning("kiln: %s", message)
 
 
 class PlanError(RuntimeError):
@@ -148,6 +168,7 @@ class PlanExecutor:
         self._steps = []
         self._kernel_consumers = set()
         self.kernel_steps = sum(1 for s in plan.steps if s.WhichOneof("kind") == "kernel")
+        self.library_steps = sum(1 for s in plan.steps if s.WhichOneof("kind") == "library")
         self._runtime = None
         self._modules = {}
         self._cuda_modules_by_device = {}  # device index -> {binary index: kiln.runtime.CudaModule}
@@ -160,6 +181,11 @@ class PlanExecutor:
             self._runtime = runtime_loader()
             if self.cuda:
                 self._runtime.cuda_init()  # RuntimeUnavailable without an NVIDIA driver
+        elif self.library_steps and self.cuda and runtime_loader is not None:
+            try:  # for cuBLASLt; without the runtime, torch runs the GEMMs
+                self._runtime = runtime_loader()
+            except RuntimeUnavailable as e:
+                _warn_once("runtime", f"GEMM steps run with torch: {e}")
         batch_kind = "cuda" if self.cuda else "kernels"
         for index, step in enumerate(plan.steps):
             kind = step.WhichOneof("kind")
@@ -175,8 +201,7 @@ class PlanExecutor:
                 else:
                     self._steps.append((batch_kind, [entry]))
             elif kind == "library":
-                raise NotImplementedError(f"step {index}: library step {step.library.function!r} is "
-                                          "not supported by this client yet")
+                self._steps.append(("library", self._load_library(index, step.library)))
             else:
                 raise PlanError(f"step {index}: empty or unknown step kind")
         for o in plan.outputs:
@@ -295,6 +320,36 @@ class PlanExecutor:
         return CudaLaunchSpec(step.binary, step.symbol, tuple(step.args), tuple(step.scalar_args),
                               int(step.grid[0]), int(step.block[0]), int(step.shared_bytes))
 
+    def _load_library(self, index, step):
+        where = f"step {index} (library {step.function})"
+        if step.function != _GEMM:
+            raise PlanError(f"{where}: unknown library function (this client runs {_GEMM!r})")
+        if len(step.int_params) != _GEMM_PARAMS or len(step.float_params) != 2 or len(step.args) != 5:
+            raise PlanError(f"{where}: {len(step.int_params)} int_params, {len(step.float_params)} "
+                            f"float_params, {len(step.args)} args (expected {_GEMM_PARAMS}, 2, 5)")
+        p = tuple(step.int_params)
+        if min(p[:4]) < 1 or p[4] not in _GEMM_DTYPES or not 0 <= p[13] <= 2 or p[17] < 0:
+            raise PlanError(f"{where}: bad sizes, dtype, c_kind or workspace in {list(p)}")
+        args = tuple(step.args)
+        for slot, a in enumerate(args):
+            optional = slot == 3 and p[13] == 0 or slot == 4 and p[17] == 0
+            if a == -1 and optional:
+                continue
+            if optional or not 0 <= a < len(self.values):
+                raise PlanError(f"{where}: argument {slot} is v{a}, which does not match the params")
+        return (where, args, p, float(step.float_params[0]), float(step.float_params[1]))
+
+    def _cublas(self):
+        """The runtime when it can run GEMMs with cuBLASLt, else None (warned once)."""
+        if self._runtime is None:
+            return None
+        try:
+            self._runtime.cublas_init()
+        except RuntimeUnavailable as e:
+            _warn_once("cublas", f"GEMM steps run with torch: {e}")
+            return None
+        return self._runtime
+
     def cuda_modules(self, device):
         """{binary index: CudaModule} on `device` (a torch.device or index), loading the artifact's
         CUDA binaries there and resolving every kernel symbol the first time."""
@@ -355,6 +410,30 @@ class PlanExecutor:
         if meta is not None and meta.WhichOneof("kind") == "sym_int":
             return eval_symint(meta.sym_int, symbols)
         return None
+
+
+def _torch_gemm(views, batch, c_kind, alpha, beta):
+    """env -> None: the GEMM of a library step computed by torch into D (views: from _gemm_views)."""
+    (d, d_sizes, d_strides), (a, a_sizes, a_strides), (b, b_sizes, b_strides) = views[:3]
+    c = views[3] if len(views) == 4 else None
+    batched = batch > 1
+
+    def run(env):
+        dt, at, bt = env[d], env[a], env[b]
+        out = dt.as_strided(d_sizes, d_strides, dt.storage_offset())
+        x = at.as_strided(a_sizes, a_strides, at.storage_offset())
+        y = bt.as_strided(b_sizes, b_strides, bt.storage_offset())
+        if c is None:
+            if alpha == 1.0:
+                (torch.bmm if batched else torch.mm)(x, y, out=out)
+            else:  # beta = 0: the first operand is ignored
+                (torch.baddbmm if batched else torch.addmm)(out, x, y, beta=0, alpha=alpha, out=out)
+            return
+        ct = env[c[0]]
+        z = ct.as_strided(c[1], c[2], ct.storage_offset())
+        (torch.baddbmm if batched else torch.addmm)(z, x, y, beta=beta, alpha=alpha, out=out)
+
+    return run
 
 
 class CudaLaunchSpec(tuple):
@@ -476,6 +555,8 @@ class _Program:
                 self._emit_aten(*entry[1:])
             elif entry[0] == "cuda":
                 self._emit_cuda(entry[1])
+            elif entry[0] == "library":
+                self._emit_gemm(entry[1])
             else:
                 self._emit_kernels(entry[1])
         self._emit_outputs()
@@ -917,6 +998,88 @@ class _Program:
             if stream is None:
                 stream = env[STREAM] = _current_stream(device)
             table.run(stream)
+
+        self.code.append(instruction)
+
+    def _gemm_views(self, spec):
+        """[(value, sizes, strides)] of the GEMM's D, A, B and C (if any) as the step sees them, or a
+        PlanError when a view reaches past its value (or a dtype differs)."""
+        where, args, p, _, _ = spec
+        batch, m, n, k, dtype = p[:5]
+        shapes = [((m, n), (p[12], 1)), ((m, k), (p[6], p[7])), ((k, n), (p[9], p[10]))]
+        strides_b = [p[11], p[5], p[8]]
+        if p[13] == 1:
+            shapes.append(((n,), (1,)))
+            strides_b.append(None)
+        elif p[13] == 2:
+            shapes.append(((m, n), (p[15], 1)))
+            strides_b.append(p[14])
+        views = []
+        for slot, (sizes, strides) in enumerate(shapes):
+            v = args[slot]
+            if self.ex.values[v].meta.dtype != dtype:
+                raise PlanError(f"{where}: v{v} is not of the step's dtype")
+            if batch > 1 and strides_b[slot] is not None:
+                sizes, strides = (batch, *sizes), (strides_b[slot], *strides)
+            meta = self.metas[v]
+            if isinstance(meta, Exception):
+                raise _again(meta)()
+            reach = sum((s - 1) * st for s, st in zip(sizes, strides))
+            extent = sum((s - 1) * st for s, st in zip(*meta)) if all(meta[0]) else -1
+            if min(strides) < 0 or reach > extent or any(st < 0 for st in meta[1]):
+                raise PlanError(f"{where}: operand {slot} (v{v}) reaches element {reach}, past its value "
+                                f"(sizes {list(meta[0])}, strides {list(meta[1])})")
+            views.append((v, sizes, strides))
+        return views
+
+    def _emit_gemm(self, spec):
+        where, args, p, alpha, beta = spec
+        try:
+            views = self._gemm_views(spec)
+        except Exception as e:
+            self.code.append(_raiser(_again(e)))
+            return
+        for v, _, _ in views:
+            self._need(v)
+        run_torch = _torch_gemm(views, p[0], p[13], alpha, beta)
+        device = self.device
+        runtime = self.ex._cublas() if self.ex.cuda and device is not None and device.type == "cuda" else None
+        if runtime is None:
+            self.code.append(run_torch)
+            return
+        ws = args[4]
+        if ws >= 0:
+            meta = self.metas[ws]
+            if isinstance(meta, Exception) or self.ex._dtypes[ws] != torch.uint8 or meta[0] != (p[17],):
+                self.code.append(_raiser(_plan_error(f"{where}: workspace v{ws} is not {p[17]} bytes of uint8")))
+                return
+            self._need(ws)
+        params = list(p)
+        if p[4] == proto.DTYPE_FLOAT32 and torch.get_float32_matmul_precision() != "highest":
+            params[16] |= 1  # TF32, as torch would use it
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        b, TABLES, STREAM = len(self.table_builders), self.TABLES, self.STREAM
+        self.table_builders.append(lambda: runtime.gemm_call(index, params, alpha, beta))
+        slots = [0, 1, 2] + ([3] if len(views) == 4 else []) + ([4] if ws >= 0 else [])
+        get = _getter([v for v, _, _ in views] + ([ws] if ws >= 0 else []))
+        pointer_slots = tuple(slots)
+
+        def instruction(env):
+            call = env[TABLES][b]
+            tensors = get(env)
+            if not all(map(_IS_CUDA, tensors)):
+                raise PlanError(f"{where}: an operand is not on {device}")
+            buffers = call.buffers
+            for slot, t in zip(pointer_slots, tensors):
+                buffers[slot] = t.data_ptr()
+            stream = env[STREAM]
+            if stream is None:
+                stream = env[STREAM] = _current_stream(device)
+            try:
+                call.run(stream)
+            except GemmUnsupported as e:
+                _warn_once(("unsupported", where), f"{where} runs with torch: {e}")
+                run_torch(env)
 
         self.code.append(instruction)
 

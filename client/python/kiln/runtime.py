@@ -16,6 +16,11 @@ opened by the library at first use; without it (or without a device) these raise
 RuntimeUnavailable with the runtime's message; any other failing call raises RuntimeCallError with
 the runtime's message (it names the driver call and the CUresult).
 
+cuBLASLt (runtime/kiln_cublas.h, same library): ``Runtime.cublas_init()`` opens cuBLASLt once
+(the copy torch loaded first) and returns its version, or raises RuntimeUnavailable saying what was
+tried; ``Runtime.gemm_call()`` returns a GemmCall that runs the LibrarySteps "cublasLt.matmul" of
+CUDA plans on a stream (KILN_ERROR_UNSUPPORTED raises GemmUnsupported: run the step another way).
+
 Launch tables (what kiln.executor uses every call): ``Runtime.step_table(entries)`` (CPU,
 kiln_step) and ``Runtime.cuda_launch_table(entries)`` (CUDA, kiln_cuda_launch) build the ctypes
 tables of a run of consecutive kernel steps once; `table.buffers` is one flat array of every
@@ -35,6 +40,8 @@ import threading
 
 ABI_VERSION = 1
 KILN_ERROR_UNAVAILABLE = 5  # runtime/kiln_cuda.h: no NVIDIA driver (libcuda) or no device
+KILN_ERROR_UNSUPPORTED = 8  # runtime/kiln_cublas.h: cuBLASLt cannot run this GEMM as laid out
+GEMM_NUM_PARAMS = 18  # runtime/kiln_cublas.h KILN_GEMM_NUM_PARAMS
 
 
 class RuntimeUnavailable(NotImplementedError):
@@ -43,6 +50,10 @@ class RuntimeUnavailable(NotImplementedError):
 
 class RuntimeCallError(RuntimeError):
     """A runtime call returned an error code."""
+
+
+class GemmUnsupported(RuntimeCallError):
+    """cuBLASLt has no algorithm for a GEMM as laid out (the caller runs it with torch)."""
 
 
 class _Step(ctypes.Structure):
@@ -244,6 +255,29 @@ class CudaLaunchTable(_Table):
                 self._rt._cuda_check(code, "launching kernels")
 
 
+class GemmCall:
+    """One LibrarySteps "cublasLt.matmul" on one device: the params are bound once, `buffers` (D, A,
+    B, C, workspace data pointers; 0 for none) are filled per call, then `run(stream)`. Like a
+    launch table, one thread at a time."""
+
+    def __init__(self, runtime, device, params, alpha, beta):
+        self._rt = runtime
+        self._fn = runtime.lib.kiln_cublas_matmul
+        self._device = int(device)
+        self._params = (ctypes.c_int64 * GEMM_NUM_PARAMS)(*params)
+        self._alpha, self._beta = float(alpha), float(beta)
+        self.buffers = (ctypes.c_void_p * 5)()
+
+    def run(self, stream):
+        code = self._fn(self._device, self._params, GEMM_NUM_PARAMS, self._alpha, self._beta, self.buffers,
+                        stream or None)
+        if code:
+            message = (self._rt.lib.kiln_cublas_last_error() or b"").decode(errors="replace")
+            error = (GemmUnsupported if code == KILN_ERROR_UNSUPPORTED else
+                     RuntimeUnavailable if code == KILN_ERROR_UNAVAILABLE else RuntimeCallError)
+            raise error(f"kiln cuBLASLt runtime: error {code}: {message}")
+
+
 class Runtime:
     def __init__(self, path):
         try:
@@ -253,6 +287,7 @@ class Runtime:
         self.path = path
         self.lib = lib
         self._cuda_bound = False
+        self._cublas = None  # cuBLASLt version, or the RuntimeUnavailable opening it raised
         lib.kiln_runtime_abi_version.restype = ctypes.c_int
         lib.kiln_last_error.restype = ctypes.c_char_p
         lib.kiln_module_load.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_void_p)]
@@ -285,6 +320,35 @@ class Runtime:
             raise RuntimeUnavailable(f"the kiln runtime {self.path} has no CUDA support "
                                      f"(kiln_cuda.h): {e}") from None
         self._cuda_bound = True
+
+    def cublas_init(self):
+        """Opens cuBLASLt (once); returns cublasLtGetVersion() or raises RuntimeUnavailable."""
+        if self._cublas is None:
+            lib = self.lib
+            try:
+                lib.kiln_cublas_last_error.restype = ctypes.c_char_p
+                lib.kiln_cublas_init.argtypes = [ctypes.POINTER(ctypes.c_size_t)]
+                lib.kiln_cublas_matmul.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_int64), ctypes.c_int32,
+                                                   ctypes.c_double, ctypes.c_double,
+                                                   ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p]
+            except AttributeError as e:
+                self._cublas = RuntimeUnavailable(f"the kiln runtime {self.path} has no cuBLASLt support "
+                                                  f"(kiln_cublas.h): {e}")
+            else:
+                version = ctypes.c_size_t()
+                if lib.kiln_cublas_init(ctypes.byref(version)):
+                    message = (lib.kiln_cublas_last_error() or b"").decode(errors="replace")
+                    self._cublas = RuntimeUnavailable(f"kiln cuBLASLt runtime: {message}")
+                else:
+                    self._cublas = version.value
+        if isinstance(self._cublas, Exception):
+            raise _copy_error(self._cublas)
+        return self._cublas
+
+    def gemm_call(self, device, params, alpha, beta):
+        """A GemmCall (see its docstring); cublas_init() must have succeeded."""
+        self.cublas_init()
+        return GemmCall(self, device, params, alpha, beta)
 
     def _cuda_check(self, code, what):
         if code != 0:
@@ -349,6 +413,10 @@ class Runtime:
         table = self.step_table([(m, k, len(bufs), sc) for m, k, bufs, sc in calls])
         table.buffers[:table.size] = [p for call in calls for p in call[2]]
         table.run()
+
+
+def _copy_error(error):
+    return type(error)(*error.args)
 
 
 _LOCK = threading.Lock()

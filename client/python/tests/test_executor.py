@@ -233,10 +233,14 @@ def test_workspace_overflow_and_wrong_step_result_fail_at_run_time():
         run(plan, [torch.randn(4)])
 
 
-def test_library_steps_are_not_supported_yet():
+def test_unknown_library_steps_and_cuda_kernels_without_a_runtime_are_refused():
     plan = proto.Plan(num_inputs=0)
-    plan.steps.add().library.function = "cublasLt.matmul"
-    with pytest.raises(NotImplementedError, match="library step"):
+    plan.steps.add().library.function = "cublas.gemm"
+    with pytest.raises(PlanError, match="unknown library function"):
+        run(plan, [])
+    plan = proto.Plan(num_inputs=0)
+    plan.steps.add().library.function = "cublasLt.matmul"  # no params
+    with pytest.raises(PlanError, match="int_params"):
         run(plan, [])
     plan = proto.Plan(num_inputs=0)
     plan.steps.add().kernel.symbol = "kiln_kernel_0"

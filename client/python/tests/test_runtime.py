@@ -5,6 +5,7 @@ kernel in the generated-kernel calling convention runs inside a plan next to ate
 import os
 import shutil
 import subprocess
+import sys
 
 import pytest
 import torch
@@ -146,6 +147,19 @@ def test_runtime_errors_are_reported(rt, kernel_so):
         module.add_kernel("no_such_kernel")
     with pytest.raises(runtime.RuntimeCallError):
         rt.load(b"not an ELF file at all")
+
+
+def test_missing_cublaslt_is_a_clear_error(rt, tmp_path):
+    """cuBLASLt opens once per process: a child whose KILN_LIBCUBLASLT_PATH names no library (so
+    this holds on GPU machines too) gets RuntimeUnavailable naming it, twice, and no crash."""
+    code = (f"from kiln import runtime\nrt = runtime.Runtime({rt.path!r})\n"
+            "for _ in range(2):\n"
+            "    try:\n        rt.cublas_init()\n    except runtime.RuntimeUnavailable as e:\n        print(e)\n")
+    env = dict(os.environ, KILN_LIBCUBLASLT_PATH=str(tmp_path / "no" / "libcublasLt.so.13"))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.strip().splitlines()
+    assert len(lines) == 2 and all("libcublasLt.so.13" in line and "KILN_LIBCUBLASLT_PATH" in line for line in lines)
 
 
 def test_missing_runtime_library_is_a_clear_error(monkeypatch, tmp_path):

@@ -1,0 +1,229 @@
+#include "server/lower/gemm_step.h"
+
+#include <algorithm>
+#include <limits>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace kiln::lower {
+namespace {
+
+namespace v1 = ::kiln::v1;
+using graph::Arg;
+
+struct Matrix {
+  int64_t batch_stride = 0, row_stride = 0, col_stride = 0;
+};
+
+// A (rows x cols) matrix with strides (rs, cs) in one of cuBLAS's two layouts, strides of size-1
+// dims normalized; false when it has neither.
+bool NormalizeMatrix(int64_t rows, int64_t cols, int64_t rs, int64_t cs, Matrix* out) {
+  if (cols == 1 || cs == 1) {
+    const int64_t ld = rows == 1 ? std::max<int64_t>(1, cols) : rs;
+    if (ld >= std::max<int64_t>(1, cols)) {
+      out->row_stride = ld;
+      out->col_stride = 1;
+      return true;
+    }
+  }
+  if (rows == 1 || rs == 1) {
+    const int64_t ld = cols == 1 ? std::max<int64_t>(1, rows) : cs;
+    if (ld >= std::max<int64_t>(1, rows)) {
+      out->row_stride = 1;
+      out->col_stride = ld;
+      return true;
+    }
+  }
+  return false;
+}
+
+std::string Layout(const LValue& v) {
+  return absl::StrCat("sizes [", absl::StrJoin(v.sizes, ", "), "] strides [", absl::StrJoin(v.strides, ", "), "]");
+}
+
+absl::Status NotFound(const std::string& node, const std::string& why) {
+  return absl::NotFoundError(absl::StrCat("node ", node, " stays an aten step: ", why));
+}
+
+// The operand matrix of value `v` (rank 2, or 3 when batched) with `rows` x `cols`.
+absl::StatusOr<Matrix> Operand(const LValue& v, bool batched, int64_t batch, const char* name,
+                               const std::string& node) {
+  const size_t r = batched ? 1 : 0;
+  Matrix m;
+  if (!NormalizeMatrix(v.sizes[r], v.sizes[r + 1], v.strides[r], v.strides[r + 1], &m)) {
+    return NotFound(node, absl::StrCat(name, " (", Layout(v), ") has no unit stride with a valid leading dimension"));
+  }
+  if (batched && batch > 1) {
+    if (v.strides[0] <= 0) return NotFound(node, absl::StrCat(name, " (", Layout(v), ") has a batch stride <= 0"));
+    m.batch_stride = v.strides[0];
+  }
+  return m;
+}
+
+absl::StatusOr<double> ScalarArg(const graph::Node& node, size_t index) {
+  if (index >= node.args.size()) return 1.0;  // the schema default
+  const Arg& a = node.args[index];
+  switch (a.kind) {
+    case Arg::Kind::kInt: return static_cast<double>(a.i);
+    case Arg::Kind::kFloat: return a.f;
+    case Arg::Kind::kBool: return a.b ? 1.0 : 0.0;
+    default: return NotFound(node.name, "beta or alpha is not a constant number");
+  }
+}
+
+bool GemmDType(v1::DType d) {
+  return d == v1::DTYPE_FLOAT32 || d == v1::DTYPE_FLOAT16 || d == v1::DTYPE_BFLOAT16;
+}
+
+}  // namespace
+
+absl::StatusOr<GemmCall> MatchGemm(const OpGraph& g, const ExternStep& step) {
+  const graph::Node& node = g.graph->nodes[step.node];
+  const std::string& t = step.target;
+  const bool batched = t == "aten.bmm.default" || t == "aten.baddbmm.default";
+  const bool with_c = t == "aten.addmm.default" || t == "aten.baddbmm.default";
+  if (!batched && !with_c && t != "aten.mm.default") return NotFound(node.name, "not a GEMM");
+  if (step.fallback) return NotFound(node.name, "a fallback step");
+  const size_t first = with_c ? 1 : 0;
+  auto value_of = [&](size_t i) -> int32_t {
+    if (i >= node.args.size() || node.args[i].kind != Arg::Kind::kValue) return -1;
+    const int32_t n = node.args[i].value;
+    return n >= 0 && n < static_cast<int32_t>(g.node_value.size()) ? g.node_value[n] : -1;
+  };
+  GemmCall call;
+  call.a = value_of(first);
+  call.b = value_of(first + 1);
+  call.c = with_c ? value_of(0) : -1;
+  call.d = step.outputs.size() == 1 ? step.outputs[0] : -1;
+  if (call.a < 0 || call.b < 0 || call.d < 0 || (with_c && call.c < 0)) {
+    return NotFound(node.name, "an operand is not a tensor value");
+  }
+  const LValue& a = g.values[call.a];
+  const LValue& b = g.values[call.b];
+  const LValue& d = g.values[call.d];
+  const size_t rank = batched ? 3 : 2;
+  if (a.sizes.size() != rank || b.sizes.size() != rank || d.sizes.size() != rank) {
+    return NotFound(node.name, "operands of an unexpected rank");
+  }
+  const v1::DType dtype = d.meta.dtype();
+  if (!GemmDType(dtype) || a.meta.dtype() != dtype || b.meta.dtype() != dtype ||
+      (with_c && g.values[call.c].meta.dtype() != dtype)) {
+    return NotFound(node.name, absl::StrCat("dtype ", v1::DType_Name(dtype), " (cuBLASLt steps take f32, f16 or bf16, "
+                                            "the same for every operand)"));
+  }
+  const size_t r = batched ? 1 : 0;
+  const int64_t batch = batched ? d.sizes[0] : 1;
+  const int64_t m = d.sizes[r], n = d.sizes[r + 1], k = a.sizes[r + 1];
+  if (a.sizes[r] != m || b.sizes[r] != k || b.sizes[r + 1] != n || (batched && (a.sizes[0] != batch || b.sizes[0] != batch))) {
+    return NotFound(node.name, "operand sizes do not match the result");
+  }
+  if (batch == 0 || m == 0 || n == 0 || k == 0) return NotFound(node.name, "an empty operand");
+  if (batch > std::numeric_limits<int32_t>::max()) return NotFound(node.name, "more batches than cuBLASLt takes");
+  double alpha = 1.0, beta = 1.0;
+  if (with_c) {
+    auto b_or = ScalarArg(node, 3);
+    if (!b_or.ok()) return b_or.status();
+    auto a_or = ScalarArg(node, 4);
+    if (!a_or.ok()) return a_or.status();
+    beta = *b_or;
+    alpha = *a_or;
+  }
+  auto am = Operand(a, batched, batch, "mat1", node.name);
+  if (!am.ok()) return am.status();
+  auto bm = Operand(b, batched, batch, "mat2", node.name);
+  if (!bm.ok()) return bm.status();
+  Matrix dm;
+  if (!NormalizeMatrix(m, n, d.strides[r], d.strides[r + 1], &dm) || dm.col_stride != 1) {
+    return NotFound(node.name, absl::StrCat("the result (", Layout(d), ") is not row-major"));
+  }
+  if (batch > 1) {
+    dm.batch_stride = d.strides[0];
+    if (dm.batch_stride < (m - 1) * dm.row_stride + n) return NotFound(node.name, "the result's batches overlap");
+  }
+  int64_t c_kind = kGemmNoC;
+  if (with_c && beta != 0.0) {
+    // self broadcast to the result: effective strides, 0 along broadcast dims.
+    const LValue& c = g.values[call.c];
+    std::vector<int64_t> eff(rank, 0);
+    if (c.sizes.size() > rank) return NotFound(node.name, "self has more dims than the result");
+    const size_t lead = rank - c.sizes.size();
+    for (size_t i = 0; i < c.sizes.size(); ++i) eff[lead + i] = c.sizes[i] == 1 ? 0 : c.strides[i];
+    const int64_t c_bs = batched ? eff[0] : 0, c_rs = eff[r], c_cs = eff[r + 1];
+    const bool rows_broadcast = (m == 1 || c_rs == 0) && (batch == 1 || c_bs == 0);
+    if (rows_broadcast && (n == 1 || c_cs == 1) && beta == 1.0 && !batched) {
+      c_kind = kGemmBias;
+    } else if ((n == 1 || c_cs == 1) && (m == 1 || c_rs == dm.row_stride) && (batch == 1 || c_bs == dm.batch_stride) &&
+               (m == 1 || c_rs != 0) && (batch == 1 || c_bs != 0)) {
+      c_kind = kGemmMatrix;
+    } else {
+      return NotFound(node.name, absl::StrCat("self (", Layout(c), ", beta ", beta,
+                                              ") is neither a bias broadcast over rows with beta 1 nor a matrix "
+                                              "laid out like the result"));
+    }
+  }
+  if (c_kind == kGemmNoC) {
+    call.c = -1;
+    beta = 0.0;
+  }
+  int64_t* p = call.params;
+  p[kGemmBatch] = batch;
+  p[kGemmM] = m;
+  p[kGemmN] = n;
+  p[kGemmK] = k;
+  p[kGemmDType] = dtype;
+  p[kGemmABatchStride] = am->batch_stride;
+  p[kGemmARowStride] = am->row_stride;
+  p[kGemmAColStride] = am->col_stride;
+  p[kGemmBBatchStride] = bm->batch_stride;
+  p[kGemmBRowStride] = bm->row_stride;
+  p[kGemmBColStride] = bm->col_stride;
+  p[kGemmDBatchStride] = dm.batch_stride;
+  p[kGemmDRowStride] = dm.row_stride;
+  p[kGemmCKind] = c_kind;
+  p[kGemmCBatchStride] = c_kind == kGemmMatrix ? dm.batch_stride : 0;
+  p[kGemmCRowStride] = c_kind == kGemmMatrix ? dm.row_stride : 0;
+  p[kGemmFlags] = 0;
+  p[kGemmWorkspaceBytesParam] = kGemmWorkspaceBytes;
+  call.alpha = alpha;
+  call.beta = beta;
+  return call;
+}
+
+absl::Status CheckGemmStep(const v1::LibraryStep& step) {
+  auto bad = [&](const std::string& why) {
+    return absl::InvalidArgumentError(absl::StrCat("library step ", step.function(), ": ", why));
+  };
+  if (step.function() != kGemmFunction) return bad("unknown function");
+  if (step.int_params_size() != kGemmParamCount) return bad(absl::StrCat(step.int_params_size(), " int_params"));
+  if (step.float_params_size() != 2) return bad(absl::StrCat(step.float_params_size(), " float_params"));
+  if (step.args_size() != 5) return bad(absl::StrCat(step.args_size(), " args"));
+  auto p = [&](int i) { return step.int_params(i); };
+  const int64_t batch = p(kGemmBatch), m = p(kGemmM), n = p(kGemmN), k = p(kGemmK);
+  if (batch < 1 || m < 1 || n < 1 || k < 1 || batch > std::numeric_limits<int32_t>::max()) return bad("bad sizes");
+  if (!GemmDType(static_cast<v1::DType>(p(kGemmDType)))) return bad("bad dtype");
+  auto layout_ok = [](int64_t rows, int64_t cols, int64_t rs, int64_t cs) {
+    return (cs == 1 && rs >= std::max<int64_t>(1, cols)) || (rs == 1 && cs >= std::max<int64_t>(1, rows));
+  };
+  if (!layout_ok(m, k, p(kGemmARowStride), p(kGemmAColStride))) return bad("bad layout of A");
+  if (!layout_ok(k, n, p(kGemmBRowStride), p(kGemmBColStride))) return bad("bad layout of B");
+  if (p(kGemmDRowStride) < n) return bad("bad layout of D");
+  for (int s : {kGemmABatchStride, kGemmBBatchStride, kGemmDBatchStride}) {
+    if (batch == 1 ? p(s) != 0 : p(s) <= 0) return bad("bad batch stride");
+  }
+  const int64_t c_kind = p(kGemmCKind);
+  if (c_kind < kGemmNoC || c_kind > kGemmMatrix) return bad("bad c_kind");
+  if ((c_kind == kGemmNoC) != (step.args(3) < 0)) return bad("C given without c_kind or the reverse");
+  if (c_kind == kGemmBias && (batch != 1 || step.float_params(1) != 1.0)) return bad("a bias with batch > 1 or beta != 1");
+  if (c_kind == kGemmMatrix && (p(kGemmCRowStride) != p(kGemmDRowStride) || p(kGemmCBatchStride) != p(kGemmDBatchStride))) {
+    return bad("a C matrix not laid out like D");
+  }
+  if (p(kGemmWorkspaceBytesParam) < 0 || (p(kGemmWorkspaceBytesParam) > 0) != (step.args(4) >= 0)) {
+    return bad("workspace bytes and workspace value disagree");
+  }
+  if (step.args(0) < 0 || step.args(1) < 0 || step.args(2) < 0) return bad("missing operand");
+  return absl::OkStatus();
+}
+
+}  // namespace kiln::lower
