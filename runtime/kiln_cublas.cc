@@ -227,7 +227,7 @@ int MakeLayout(int type, uint64_t rows, uint64_t cols, int64_t ld, int64_t batch
 }
 
 // Row-major D = A @ B is column-major D^T = B^T @ A^T: cuBLAS's A is our B, its B our A.
-int BuildPlan(Handle handle, const int64_t* p, const int64_t* align, Plan* plan) {
+int BuildPlan(Handle handle, const int64_t* p, const int64_t* align, uint64_t ws_bytes, Plan* plan) {
   const int type = p[kDType] == kDTypeF32 ? kR32F : p[kDType] == kDTypeF16 ? kR16F : kR16BF;
   const bool tf32 = p[kDType] == kDTypeF32 && (p[kFlags] & 1) != 0;
   Status s = g_lt.MatmulDescCreate(&plan->desc, tf32 ? kCompute32FFastTf32 : kCompute32F, kR32F);
@@ -253,7 +253,7 @@ int BuildPlan(Handle handle, const int64_t* p, const int64_t* align, Plan* plan)
   Preference pref = nullptr;
   s = g_lt.MatmulPreferenceCreate(&pref);
   if (s != kStatusSuccess) return LtFail("cublasLtMatmulPreferenceCreate", s);
-  const uint64_t max_ws = static_cast<uint64_t>(p[kWorkspaceBytes]);
+  const uint64_t max_ws = ws_bytes;
   s = g_lt.MatmulPreferenceSetAttribute(pref, kPrefMaxWorkspaceBytes, &max_ws, sizeof(max_ws));
   for (int i = 0; i < 4 && s == kStatusSuccess; ++i) {  // cuBLAS's A, B, C, D
     const uint32_t a = static_cast<uint32_t>(align[i]);
@@ -304,12 +304,17 @@ int MatmulImpl(int device, const int64_t* p, double alpha_d, double beta_d, void
   // cuBLAS's A, B, C, D are our B, A, C (or D), D.
   const int64_t align[4] = {Alignment(b), Alignment(a), Alignment(c != nullptr && p[kCKind] == kCMatrix ? c : d),
                             Alignment(d)};
+  // cublasLtMatmul needs a 256-byte aligned workspace; a misaligned one (a plan placed it so) is
+  // not used at all, so only algorithms without workspace are chosen.
+  const uint64_t ws_bytes =
+      ws != nullptr && reinterpret_cast<uintptr_t>(ws) % 256 == 0 ? static_cast<uint64_t>(p[kWorkspaceBytes]) : 0;
   std::vector<int64_t> key(p, p + KILN_GEMM_NUM_PARAMS);
   key.insert(key.end(), align, align + 4);
+  key.push_back(static_cast<int64_t>(ws_bytes));
   auto it = dev->plans.find(key);
   if (it == dev->plans.end()) {
     auto plan = std::make_unique<Plan>();
-    if (int rc = BuildPlan(dev->handle, p, align, plan.get()); rc != KILN_OK) return rc;
+    if (int rc = BuildPlan(dev->handle, p, align, ws_bytes, plan.get()); rc != KILN_OK) return rc;
     if (dev->plans.size() >= kMaxPlans) dev->plans.clear();
     it = dev->plans.emplace(std::move(key), std::move(plan)).first;
   }
@@ -322,7 +327,7 @@ int MatmulImpl(int device, const int64_t* p, double alpha_d, double beta_d, void
   const float beta = p[kCKind] == kCMatrix ? static_cast<float>(beta_d) : 0.0f;
   const void* c_ptr = p[kCKind] == kCMatrix ? c : d;
   const Status s = g_lt.Matmul(dev->handle, plan.desc, &alpha, b, plan.a, a, plan.b, &beta, c_ptr, plan.c, d, plan.d,
-                               &plan.algo, ws, ws != nullptr ? static_cast<size_t>(p[kWorkspaceBytes]) : 0, stream);
+                               &plan.algo, ws_bytes > 0 ? ws : nullptr, static_cast<size_t>(ws_bytes), stream);
   if (s != kStatusSuccess) return LtFail("cublasLtMatmul", s);
   return Ok();
 }

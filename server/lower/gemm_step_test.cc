@@ -143,6 +143,27 @@ TEST(GemmStepTest, TransposedViewsAreColumnMajorOperands) {
   EXPECT_TRUE(ws.offset() >= p.values(d).offset() + 32 * 16 * 4 || p.values(d).offset() >= ws.offset() + kGemmWorkspaceBytes);
 }
 
+// AOTAutograd returns weight gradients as t(mm(...)): the graph output is a view of the GEMM's
+// result, which must then be allocated as an output, not in the workspace that later steps (and
+// the next call) reuse. (Found on the H200: backward graphs returned another GEMM's result.)
+TEST(GemmStepTest, ResultViewedByAGraphOutputIsAnOutput) {
+  GraphBuilder b;
+  b.Input("g", Cu({8, 4})).Input("x", Cu({8, 32})).Input("y", Cu({32, 16})).Input("z", Cu({16, 8}))
+      .Call("t", "aten.t.default", {Ref("g")}, Cu({4, 8}, {1, 4}))
+      .Call("mm", "aten.mm.default", {Ref("t"), Ref("x")}, Cu({4, 32}))
+      .Call("t_1", "aten.t.default", {Ref("mm")}, Cu({32, 4}, {1, 32}))
+      .Call("mm_1", "aten.mm.default", {Ref("y"), Ref("z")}, Cu({32, 8}))
+      .Call("relu", "aten.relu.default", {Ref("mm_1")}, Cu({32, 8}))
+      .Output({"t_1", "relu"});
+  const v1::Plan p = Plan(b.Build());
+  ASSERT_EQ(Kinds(p), std::vector<std::string>({"library", "library", "kernel"}));
+  const v1::LibraryStep& first = p.steps(0).library();
+  EXPECT_EQ(p.values(first.args(0)).storage(), v1::PlanValue::STORAGE_OUTPUT);
+  const v1::PlanValue& out0 = p.values(p.outputs(0));
+  EXPECT_EQ(out0.storage(), v1::PlanValue::STORAGE_VIEW);
+  EXPECT_EQ(out0.index(), first.args(0));
+}
+
 TEST(GemmStepTest, LinearBiasIsAnEpilogue) {
   PlanStats stats;
   const v1::Plan p = Plan(MlpForward(), true, &stats);

@@ -30,7 +30,12 @@ class Assembler {
   Assembler(const OpGraph& g, const Schedule& s, const PlanOptions& options)
       : g_(g), s_(s), options_(options), index_(g.values.size(), -1) {
     for (int32_t o : g.outputs) {
-      if (o >= 0) outputs_.insert(o);
+      if (o < 0) continue;
+      outputs_.insert(o);
+      // A graph output that is a view (e.g. t() of a GEMM's result, as AOTAutograd returns weight
+      // gradients) keeps its root alive past the plan: the root cannot live in the workspace,
+      // which later steps (and the next call) reuse.
+      if (g.values[o].kind == ValueKind::kView) outputs_.insert(ViewRoot(g, o));
     }
   }
 
@@ -305,7 +310,9 @@ class Assembler {
       r.first = r.last = sc.pos;
       req.push_back(r);
     }
-    KILN_ASSIGN_OR_RETURN(MemoryPlan mp, PlanMemory(req, 64));
+    // 256-byte offsets: cublasLtMatmul requires its workspace (library steps' scratch) 256-byte
+    // aligned, and the client's workspace buffer comes from torch's allocator (512-aligned).
+    KILN_ASSIGN_OR_RETURN(MemoryPlan mp, PlanMemory(req, 256));
     for (size_t i = 0; i < workspace_.size(); ++i) plan_.mutable_values(index_[workspace_[i]])->set_offset(mp.offsets[i]);
     for (size_t i = 0; i < scratch_.size(); ++i) {
       plan_.mutable_values(scratch_[i].value)->set_offset(mp.offsets[workspace_.size() + i]);
