@@ -8,6 +8,7 @@
 #include "absl/time/clock.h"
 #include "server/base/status_macros.h"
 #include "server/kernel/printer.h"
+#include "server/lower/conv_layout.h"
 #include "server/lower/lower.h"
 #include "spdlog/spdlog.h"
 
@@ -37,6 +38,7 @@ absl::StatusOr<FrontEnd> LowerAndFuse(const graph::PreparedGraph& prepared, cons
                                       StageTimer* timer) {
   FrontEnd fe;
   KILN_ASSIGN_OR_RETURN(fe.ops, lower::LowerGraph(prepared.graph, prepared.fallback_nodes));
+  if (request.target().device() == v1::DEVICE_KIND_CUDA) lower::ChooseConvLayouts(&fe.ops);
   timer->Done("lower");
   DumpStage("lower", lower::PrintOpGraph(fe.ops));
 
