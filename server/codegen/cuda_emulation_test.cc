@@ -144,6 +144,13 @@ std::vector<Case> Cases() {
   c.push_back({"softmax_bf16_1000_misaligned", kt::RowSoftmaxBf16(1000), {5}, true});
   c.push_back({"softmax_bf16_4096_block", kt::RowSoftmaxBf16(4096), {3}});
   c.push_back({"layer_norm_bf16_1024", kt::LayerNormBf16(1024, 1e-5f), {7}});
+  // Odd lengths: vectors shifted to each row's alignment, scalar first and last chunks.
+  c.push_back({"softmax_bf16_1001", kt::RowSoftmaxBf16(1001), {9}});
+  c.push_back({"softmax_bf16_1001_misaligned", kt::RowSoftmaxBf16(1001), {5}, true});
+  c.push_back({"softmax_3001_specials", kt::RowSoftmax(3001, false), {4}, false, 2, 3001});
+  c.push_back({"layer_norm_bf16_3001", kt::LayerNormBf16(3001, 1e-5f), {5}});
+  c.push_back({"layer_norm_bf16_3001_misaligned", kt::LayerNormBf16(3001, 1e-5f), {3}, true});
+  c.push_back({"row_sum_bf16_5x3001", kt::RowSum(5, 3001, true), {}});
   c.push_back({"rms_norm_1024", kt::RmsNorm(1024, 1e-6f, false), {7}});
   c.push_back({"rms_norm_bf16_1024", kt::RmsNorm(1024, 1e-6f, true), {7}});
   c.push_back({"rms_norm_bf16_3000_misaligned", kt::RmsNorm(3000, 1e-6f, true), {3}, true});
@@ -290,6 +297,9 @@ std::vector<Case> ClusterCases() {
   c.push_back({"cluster_layer_norm_bf16_3001", kt::LayerNormBf16(3001, 1e-5f), {3}});
   c.push_back({"cluster_softmax_bf16_3001", kt::RowSoftmaxBf16(3001), {4}});
   c.push_back({"cluster_softmax_bf16_4096_misaligned", kt::RowSoftmaxBf16(4096), {3}, true});
+  c.push_back({"cluster_softmax_bf16_3001_misaligned", kt::RowSoftmaxBf16(3001), {5}, true});
+  c.push_back({"cluster_layer_norm_bf16_3001_misaligned", kt::LayerNormBf16(3001, 1e-5f), {4}, true});
+  c.push_back({"cluster_log_softmax_5001", kt::RowSoftmax(5001, true), {3}});
   c.push_back({"cluster_rms_norm_bf16_3000", kt::RmsNorm(3000, 1e-6f, true), {3}});
   c.push_back({"cluster_every_acc_f32", ct::EveryAccumulator(ScalarType::kFloat32, false, 40, 100), {}});
   c.push_back({"cluster_every_acc_i32", ct::EveryAccumulator(ScalarType::kInt32, false, 20, 150), {}});
