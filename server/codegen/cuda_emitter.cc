@@ -355,6 +355,8 @@ class CudaKernelEmitter : public CpuKernelEmitter {
     facts.length = total;
     facts.rows = rows;
     facts.recurring_loads = RecurringLoads();
+    bool shifted_rows = false;
+    int shifted_width = 1;
     if (k_.reduce.size() == 1) {
       std::vector<Stmt> all;
       for (const kernel::Phase& p : k_.phases) all.insert(all.end(), p.stmts.begin(), p.stmts.end());
@@ -365,13 +367,21 @@ class CudaKernelEmitter : public CpuKernelEmitter {
         // Vectors from up to width - 1 elements before the row's start (PlanShiftedVector).
         facts.vector_width = shifted;
         facts.length = total + shifted - 1;
+        shifted_rows = true;
+        shifted_width = shifted;
       }
     }
     ClusterRowLimits limits;
     limits.num_sms = num_sms_;
     limits.max_cluster = cuda_.max_cluster;
     limits.max_row_block = cuda_.max_row_block;
-    limits.row_values = cuda_.row_values;
+    // Shifted rows hold their shift and scalar edge paths too: a vector and at least a quarter
+    // fewer cached values (50257 softmax, ptxas at 64 registers: bf16 with 32 values and f32 with
+    // 28 spilled; 24 and 20 do not).
+    limits.row_values =
+        shifted_rows ? std::max(shifted_width, std::min(cuda_.row_values - shifted_width,
+                                                        cuda_.row_values * 3 / 4))
+                     : cuda_.row_values;
     limits.max_cached_values = cuda_.max_cached_values;
     return ChooseClusterRows(facts, limits);
   }
@@ -936,7 +946,9 @@ class CudaKernelEmitter : public CpuKernelEmitter {
       EmitRow(plan);
       w_.Close();
       w_.Open("else");
-      EmitRow(VecPlan());
+      // Shifted rows whose buffers lie differently from each other (rare): scalar and read
+      // twice, not cached (a cached scalar row next to the vector one spills at 64 registers).
+      EmitRow(VecPlan(), /*cache=*/plan.shift.empty());
       w_.Close();
     } else {
       EmitRow(plan);
@@ -973,7 +985,8 @@ class CudaKernelEmitter : public CpuKernelEmitter {
   }
 
   // One row (outer point) with a vector width of plan.width along r0.
-  void EmitRow(const VecPlan& plan) {
+  // cache = false: no register cache and no two-pass statistics (loads read in every phase).
+  void EmitRow(const VecPlan& plan, bool cache = true) {
     const int width = plan.width;
     width_ = width;
     const Size total = Product(k_.reduce);
@@ -1022,7 +1035,7 @@ class CudaKernelEmitter : public CpuKernelEmitter {
       for (const auto& [key, c] : count) values += c > 1 ? chunks * width : 0;
       // At most half of the registers a thread of this block size may have.
       const int64_t limit = std::min<int64_t>(cuda_.max_cached_values, 65536 / launch_.block / 2);
-      if (values > limit) values = 0;
+      if (values > limit || !cache) values = 0;
       if (values > 0) {
         for (const auto& [key, c] : count) {
           if (c < 2) continue;
@@ -1043,6 +1056,7 @@ class CudaKernelEmitter : public CpuKernelEmitter {
           if (s.kind != StmtKind::kAccumulate || folds[s.acc.id] != 1) continue;
           if (s.acc.kind != AccKind::kOnlineSoftmax && s.acc.kind != AccKind::kWelford) continue;
           if (!kernel::IsFloatType(s.acc.dtype)) continue;
+          if (!cache) continue;
           TwoPass tp;
           tp.phase = static_cast<int>(pi);
           if (const ExprNode* load = HeldLoad(s.value.get())) {

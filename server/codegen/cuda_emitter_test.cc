@@ -626,13 +626,14 @@ TEST(CudaEmitter, ClustersOnlyOnSm90AndForFewLongRowsOrRowsTooLongForABlock) {
   EXPECT_EQ(s80->launches[0].cluster, 1);
   EXPECT_FALSE(absl::StrContains(s80->source.substr(s80->prelude.size()), "cluster"));
   // The vocabulary softmax: odd length, bf16 (vectors of 8 shifted to each row's alignment),
-  // 4 x 512 threads x 4 chunks of 8 values.
+  // 5 x 512 threads x 3 chunks of 8 values (3/4 of the usual 32: no spills at 64 registers).
   std::string src = EmitOne(kt::RowSoftmaxBf16(50257), true, &launch);
   EXPECT_EQ(launch.layout, CudaLayout::kClusterRow);
-  EXPECT_EQ(launch.cluster, 4);
+  EXPECT_EQ(launch.cluster, 5);
   EXPECT_EQ(launch.vector_width, 8);
-  EXPECT_EQ(launch.cached_values, 32);
-  EXPECT_EQ(Count(src, "cluster_allreduce<16, 4>("), 4) << "max and sum; vector and scalar paths";
+  EXPECT_EQ(launch.cached_values, 24);
+  EXPECT_EQ(Count(src, "cluster_allreduce<16, 5>("), 3)
+      << "max and sum (vector path); the uncached scalar path's online softmax";
   // Layer norm over 65536 columns (Welford in two passes over the cached row).
   src = EmitOne(kt::LayerNorm(65536, 1e-5f), true, &launch);
   EXPECT_EQ(launch.layout, CudaLayout::kClusterRow);
