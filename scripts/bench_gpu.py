@@ -114,7 +114,8 @@ def log(msg=""):
 # name -> (description, kind) ; kind "softmax" gets the 1.5x target too
 KERNEL_NAMES = ["add_f32", "chain_bf16", "softmax_f32", "softmax_bf16", "softmax_f32_8k", "softmax_f32_32k",
                 "softmax_bf16_50k", "softmax_f32_256k", "log_softmax_f32", "layer_norm_f32",
-                "layer_norm_bf16", "rms_norm_f32", "rms_norm_bf16", "col_sum_f32", "transpose_add_f32"]
+                "layer_norm_bf16", "rms_norm_f32", "rms_norm_bf16", "col_sum_f32", "transpose_add_f32",
+                "full_sum_f32", "full_sum_bf16"]
 # Softmax over long rows (rows x columns at scale 1), where a row no longer fits one block's
 # registers: Inductor loops over such rows and reads them more than once. 50257: a GPT-2-sized
 # vocabulary (odd length); 64 x 262144: few rows, each longer than one block should take.
@@ -184,6 +185,13 @@ def kernel_spec(name, device, scale):
         def fn(x):
             return x.sum(0)
         return fn, [rnd(S, S)], (S * S + S) * 4, f"{S}x{S} -> {S}", (1e-4, 1e-2)
+    if name.startswith("full_sum"):  # loss.sum() of a big tensor: one output, 64M inputs
+        dt = bf16 if name.endswith("bf16") else f32
+
+        def fn(x):
+            return x.sum()
+        return fn, [rnd(N, dtype=dt)], (N + 1) * es[dt], f"{N} -> 1", \
+            ((2e-2, 1.0) if dt == bf16 else (1e-4, 1e-1))
     if name == "transpose_add_f32":
         def fn(a, b):
             return a.t() + b

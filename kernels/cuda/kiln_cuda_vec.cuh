@@ -4,7 +4,9 @@
 // Vector loads and stores for generated CUDA kernels: Vec<T, N> is N elements aligned to their
 // total size (2 to 16 bytes), so one load/store instruction moves it (ld.global.v4.f32 for
 // Vec<float, 4>, ld.global.v4.u32 for Vec<uint16_t, 8>...). The emitter uses them only after a
-// run-time alignment check (aligned()), with a scalar path for the rest.
+// run-time alignment check (aligned()), with a scalar path for the rest. misalign(p, n): how many
+// elements p lies past an n-element boundary (rows whose length is not a multiple of the width
+// start their vectors that many elements early: the first and last chunk of a row go scalar).
 
 #include "kernels/cuda/kiln_cuda_half.cuh"
 
@@ -22,6 +24,11 @@ template <int N, typename T> KILN_DEV void store_vec(T* p, const Vec<T, N>& v) {
 }
 template <typename T> KILN_DEV bool aligned(const T* p, int bytes) {
   return (reinterpret_cast<unsigned long long>(p) & static_cast<unsigned long long>(bytes - 1)) == 0;
+}
+
+template <typename T> KILN_DEV int misalign(const T* p, int n) {
+  return static_cast<int>((reinterpret_cast<unsigned long long>(p) / sizeof(T)) %
+                          static_cast<unsigned long long>(n));
 }
 
 }  // namespace kiln_cuda

@@ -126,6 +126,11 @@ struct VecPlan {
   std::map<std::string, VecAccess> loads;   // by AccessKey
   std::map<std::string, VecAccess> stores;  // by AccessKey
   std::vector<std::string> checks;          // run-time conditions, ANDed into kiln_vec
+  // Rows whose static length is not a multiple of the width (PlanShiftedVector): every access in
+  // the plan is as far past a vector boundary as the anchor, `shift` elements at x = 0 (code over
+  // the outer variables); a row's vectors start `shift` elements early, its first and last
+  // chunks are scalar.
+  std::string shift;
 };
 
 }  // namespace
@@ -350,17 +355,33 @@ class CudaKernelEmitter : public CpuKernelEmitter {
     facts.length = total;
     facts.rows = rows;
     facts.recurring_loads = RecurringLoads();
+    bool shifted_rows = false;
+    int shifted_width = 1;
     if (k_.reduce.size() == 1) {
       std::vector<Stmt> all;
       for (const kernel::Phase& p : k_.phases) all.insert(all.end(), p.stmts.begin(), p.stmts.end());
       const int width = PlanVector(all, Var{VarKind::kReduce, 0}).width;
-      facts.vector_width = total % width == 0 ? width : 1;
+      if (width > 1 && total % width == 0) {
+        facts.vector_width = width;
+      } else if (const int shifted = PlanShiftedVector(all, Var{VarKind::kReduce, 0}).width; shifted > 1) {
+        // Vectors from up to width - 1 elements before the row's start (PlanShiftedVector).
+        facts.vector_width = shifted;
+        facts.length = total + shifted - 1;
+        shifted_rows = true;
+        shifted_width = shifted;
+      }
     }
     ClusterRowLimits limits;
     limits.num_sms = num_sms_;
     limits.max_cluster = cuda_.max_cluster;
     limits.max_row_block = cuda_.max_row_block;
-    limits.row_values = cuda_.row_values;
+    // Shifted rows hold their shift and scalar edge paths too: a vector and at least a quarter
+    // fewer cached values (50257 softmax, ptxas at 64 registers: bf16 with 32 values and f32 with
+    // 28 spilled; 24 and 20 do not).
+    limits.row_values =
+        shifted_rows ? std::max(shifted_width, std::min(cuda_.row_values - shifted_width,
+                                                        cuda_.row_values * 3 / 4))
+                     : cuda_.row_values;
     limits.max_cached_values = cuda_.max_cached_values;
     return ChooseClusterRows(facts, limits);
   }
@@ -447,6 +468,75 @@ class CudaKernelEmitter : public CpuKernelEmitter {
     if (plan.loads.empty() && plan.stores.empty()) return VecPlan();
     plan.width = width;
     plan.checks.assign(checks.begin(), checks.end());
+    return plan;
+  }
+
+  // Rows of a static length that is not a multiple of the vector width (a 50257 vocabulary): the
+  // unmasked accesses contiguous along `x` whose distance to the anchor (the first of them, a load
+  // when there is one) is a multiple of the width in every row (constant offset and strides), and
+  // whose pointer is as far past a width boundary as the anchor's (run-time check). Each row then
+  // moves in aligned vectors from `shift` elements before its start; accesses left out (a layer
+  // norm's weight, aligned while the rows are not) stay scalar within the vector lanes.
+  VecPlan PlanShiftedVector(const std::vector<Stmt>& stmts, const Var& x) {
+    VecPlan plan;
+    if (!cuda_.vectorize) return plan;
+    std::vector<std::pair<Buffer, Index>> loads, stores;
+    auto candidate = [&](const Buffer& b, const Index& index) {
+      if (ConstStride(index, x) != absl::optional<int64_t>(1) || !index.offset.AsConst()) return false;
+      for (const IndexTerm& t : index.terms) {
+        if (!t.stride.AsConst()) return false;
+      }
+      return true;
+    };
+    for (const ExprNode* l : LoadsOf(stmts)) {
+      if (l->args.empty() && candidate(l->buffer, l->index)) loads.emplace_back(l->buffer, l->index);
+    }
+    for (const Stmt& s : stmts) {
+      if (s.kind == StmtKind::kStore && candidate(s.buffer, s.index)) stores.emplace_back(s.buffer, s.index);
+    }
+    int widest = 0;
+    for (const auto* list : {&loads, &stores}) {
+      for (const auto& [b, i] : *list) widest = std::max(widest, kernel::ScalarTypeBytes(b.dtype));
+    }
+    if (widest == 0) return plan;
+    const int width = std::min(8, 16 / widest);
+    if (width <= 1) return plan;
+    const auto& [anchor_buffer, anchor_index] = loads.empty() ? stores.front() : loads.front();
+    // The coefficient of every variable but x, and the offset, modulo the width.
+    auto residues = [&](const Index& index) {
+      std::map<std::string, int64_t> r;
+      r["offset"] = (*index.offset.AsConst() % width + width) % width;
+      for (const IndexTerm& t : index.terms) {
+        if (t.var == x) continue;
+        int64_t& v = r[kernel::VarName(t.var)];
+        v = ((v + *t.stride.AsConst()) % width + width) % width;
+      }
+      for (auto it = r.begin(); it != r.end();) it = it->second == 0 && it->first != "offset" ? r.erase(it) : ++it;
+      return r;
+    };
+    const std::map<std::string, int64_t> anchor_residues = residues(anchor_index);
+    std::set<std::string> checks;
+    auto admit = [&](const Buffer& b, const Index& index, std::map<std::string, VecAccess>* into,
+                     const char* prefix) {
+      const std::string key = AccessKey(b, index);
+      if (into->count(key) || residues(index) != anchor_residues) return;
+      if (b.index != anchor_buffer.index) {
+        checks.insert(absl::StrCat("kiln_cuda::misalign(b", b.index, ", ", width,
+                                   ") == kiln_cuda::misalign(b", anchor_buffer.index, ", ", width, ")"));
+      }
+      (*into)[key] = VecAccess{b, index, absl::StrCat(prefix, into->size())};
+    };
+    for (const auto& [b, i] : loads) admit(b, i, &plan.loads, "kiln_lv");
+    for (const auto& [b, i] : stores) admit(b, i, &plan.stores, "kiln_sv");
+    std::vector<IndexTerm> rest;
+    for (const IndexTerm& t : anchor_index.terms) {
+      if (!(t.var == x)) rest.push_back(t);
+    }
+    plan.width = width;
+    plan.checks.assign(checks.begin(), checks.end());
+    plan.shift = absl::StrCat("static_cast<idx_t>((kiln_cuda::misalign(b", anchor_buffer.index, ", ",
+                              width, ") + (", IndexCode(kernel::MakeIndex(anchor_index.offset, rest)),
+                              ") % ", width, ") % ", width, ")");
     return plan;
   }
 
@@ -841,12 +931,11 @@ class CudaKernelEmitter : public CpuKernelEmitter {
       std::vector<Stmt> all;
       for (const kernel::Phase& p : k_.phases) all.insert(all.end(), p.stmts.begin(), p.stmts.end());
       plan = PlanVector(all, Var{VarKind::kReduce, 0});
-      if (plan.width > 1) {
-        if (total_c) {
-          if (*total_c % plan.width != 0) plan = VecPlan();
-        } else {
-          plan.checks.push_back(absl::StrCat(SizeCode(total), " % ", plan.width, " == 0"));
-        }
+      if (total_c && (plan.width <= 1 || *total_c % plan.width != 0)) {
+        // Rows of an odd length or stride: vectors shifted to each row's alignment.
+        plan = PlanShiftedVector(all, Var{VarKind::kReduce, 0});
+      } else if (plan.width > 1 && !total_c) {
+        plan.checks.push_back(absl::StrCat(SizeCode(total), " % ", plan.width, " == 0"));
       }
     }
     launch_.vector_width = plan.width;
@@ -857,7 +946,9 @@ class CudaKernelEmitter : public CpuKernelEmitter {
       EmitRow(plan);
       w_.Close();
       w_.Open("else");
-      EmitRow(VecPlan());
+      // Shifted rows whose buffers lie differently from each other (rare): scalar and read
+      // twice, not cached (a cached scalar row next to the vector one spills at 64 registers).
+      EmitRow(VecPlan(), /*cache=*/plan.shift.empty());
       w_.Close();
     } else {
       EmitRow(plan);
@@ -894,13 +985,16 @@ class CudaKernelEmitter : public CpuKernelEmitter {
   }
 
   // One row (outer point) with a vector width of plan.width along r0.
-  void EmitRow(const VecPlan& plan) {
+  // cache = false: no register cache and no two-pass statistics (loads read in every phase).
+  void EmitRow(const VecPlan& plan, bool cache = true) {
     const int width = plan.width;
     width_ = width;
     const Size total = Product(k_.reduce);
     const absl::optional<int64_t> total_c = total.AsConst();
     const bool column = launch_.layout == CudaLayout::kColumn;
+    shifted_ = !plan.shift.empty();
     PushScope();
+    if (shifted_) w_.Linef("const idx_t kiln_sh = ", plan.shift, ";");
     for (const Accumulator& a : k_.accumulators) {
       const std::string t = ValueType(a.dtype);
       if (const char* st = AccStruct(a.kind)) {
@@ -918,7 +1012,9 @@ class CudaKernelEmitter : public CpuKernelEmitter {
     cache_.clear();
     int64_t chunks = 0;
     if (total_c && !column) {
-      chunks = (*total_c + int64_t{group_} * width - 1) / (int64_t{group_} * width);
+      // Shifted rows: chunks over [-kiln_sh, total), up to width - 1 elements more.
+      chunks = (*total_c + (shifted_ ? width - 1 : 0) + int64_t{group_} * width - 1) /
+               (int64_t{group_} * width);
       std::map<std::string, int> first, count;
       std::map<std::string, ScalarType> type;
       for (size_t p = 0; p < k_.phases.size(); ++p) {
@@ -939,7 +1035,7 @@ class CudaKernelEmitter : public CpuKernelEmitter {
       for (const auto& [key, c] : count) values += c > 1 ? chunks * width : 0;
       // At most half of the registers a thread of this block size may have.
       const int64_t limit = std::min<int64_t>(cuda_.max_cached_values, 65536 / launch_.block / 2);
-      if (values > limit) values = 0;
+      if (values > limit || !cache) values = 0;
       if (values > 0) {
         for (const auto& [key, c] : count) {
           if (c < 2) continue;
@@ -960,6 +1056,7 @@ class CudaKernelEmitter : public CpuKernelEmitter {
           if (s.kind != StmtKind::kAccumulate || folds[s.acc.id] != 1) continue;
           if (s.acc.kind != AccKind::kOnlineSoftmax && s.acc.kind != AccKind::kWelford) continue;
           if (!kernel::IsFloatType(s.acc.dtype)) continue;
+          if (!cache) continue;
           TwoPass tp;
           tp.phase = static_cast<int>(pi);
           if (const ExprNode* load = HeldLoad(s.value.get())) {
@@ -1001,10 +1098,12 @@ class CudaKernelEmitter : public CpuKernelEmitter {
           w_.Linef("const idx_t kiln_rb = static_cast<idx_t>(kiln_e) * ", group_, " + kiln_lane;");
         } else {
           w_.Linef("const idx_t kiln_rb = (static_cast<idx_t>(kiln_e) * ", group_,
-                   " + kiln_lane) * ", width, ";");
+                   " + kiln_lane) * ", width, shifted_ ? " - kiln_sh" : "", ";");
         }
         opened = 1;
-        if (*total_c % (int64_t{group_} * width) != 0) {
+        if (shifted_) {
+          EmitShiftedChunk(stmts, plan, *total_c);
+        } else if (*total_c % (int64_t{group_} * width) != 0) {
           w_.Open(absl::StrCat("if (kiln_rb < ", total_code, ")"));
           opened = 2;
         }
@@ -1015,7 +1114,9 @@ class CudaKernelEmitter : public CpuKernelEmitter {
                              total_code, "; kiln_rb += ", int64_t{group_} * width, ")"));
         opened = 1;
       }
-      if (width > 1) {
+      if (shifted_) {
+        // EmitShiftedChunk did the chunk.
+      } else if (width > 1) {
         EmitVectorLanes(stmts, plan, Var{VarKind::kReduce, 0}, "kiln_rb",
                         [&](const std::string& value) {
                           w_.Linef("const idx_t kiln_r = ", value, ";");
@@ -1048,6 +1149,36 @@ class CudaKernelEmitter : public CpuKernelEmitter {
       w_.Close();
     }
     PopScope();
+  }
+
+  // A chunk of a shifted row (PlanShiftedVector) from kiln_rb = its first element (-kiln_sh for
+  // the row's first chunk): one vector per access when the chunk lies within the row, else a
+  // scalar lane per element that does (the row's first and last chunks).
+  void EmitShiftedChunk(const std::vector<Stmt>& stmts, const VecPlan& plan, int64_t total) {
+    const int width = plan.width;
+    w_.Open(absl::StrCat("if (kiln_rb >= 0 && kiln_rb + ", width, " <= ", total, ")"));
+    EmitVectorLanes(stmts, plan, Var{VarKind::kReduce, 0}, "kiln_rb", [&](const std::string& value) {
+      w_.Linef("const idx_t kiln_r = ", value, ";");
+      w_.Line("const idx_t r0 = kiln_r;");
+    });
+    w_.Close();
+    w_.Open(absl::StrCat("else if (kiln_rb < ", total, ")"));
+    for (int j = 0; j < width; ++j) {
+      w_.Open("");
+      w_.Linef("const idx_t kiln_r = kiln_rb + ", j, ";");
+      w_.Open(absl::StrCat("if (kiln_r >= 0 && kiln_r < ", total, ")"));
+      w_.Line("const idx_t r0 = kiln_r;");
+      lane_ = j;
+      filled_.clear();
+      PushScope();
+      SeedScope();
+      for (const Stmt& s : stmts) EmitCudaStmt(s);
+      PopScope();
+      lane_ = -1;
+      w_.Close();
+      w_.Close();
+    }
+    w_.Close();
   }
 
   // r0..r{m-1} from the flat kiln_r (row-major). The remainder is written as rr - q * e, not
@@ -1208,13 +1339,20 @@ class CudaKernelEmitter : public CpuKernelEmitter {
       }
       w_.Raw("#pragma unroll");
       w_.Open(absl::StrCat("for (int kiln_e = 0; kiln_e < ", chunks, "; ++kiln_e)"));
-      const bool guard = total % (int64_t{group_} * width_) != 0;
+      const bool guard = !shifted_ && total % (int64_t{group_} * width_) != 0;
       if (guard) {
         w_.Open(absl::StrCat("if ((static_cast<idx_t>(kiln_e) * ", group_, " + kiln_lane)",
                              width_ == 1 ? "" : absl::StrCat(" * ", width_), " < ", total, ")"));
       }
       for (int j = 0; j < width_; ++j) {
         lane_ = width_ == 1 ? -1 : j;
+        if (shifted_) {
+          // Only the lanes within the row (its first and last chunks have others).
+          w_.Open("");
+          w_.Linef("const idx_t kiln_r = (static_cast<idx_t>(kiln_e) * ", group_, " + kiln_lane) * ",
+                   width_, " + ", j, " - kiln_sh;");
+          w_.Open(absl::StrCat("if (kiln_r >= 0 && kiln_r < ", total, ")"));
+        }
         const std::string x = Slot(two->second.array);
         if (softmax && !two->second.exp_nodes.empty()) {
           w_.Linef(x, " = kiln_cuda::exp(", x, " - ", acc, ".max);");
@@ -1224,6 +1362,10 @@ class CudaKernelEmitter : public CpuKernelEmitter {
         } else {
           w_.Linef("const ", t, " kiln_d", j, " = ", x, " - ", acc, ".mean;");
           w_.Linef(acc, ".m2 += kiln_d", j, " * kiln_d", j, ";");
+        }
+        if (shifted_) {
+          w_.Close();
+          w_.Close();
         }
       }
       lane_ = -1;
@@ -1251,6 +1393,7 @@ class CudaKernelEmitter : public CpuKernelEmitter {
   int smem_bytes_ = 0;   // static shared memory for the all-reduce
   int pub_offset_ = 0;   // kClusterRow: where the published slots start in kiln_smem
   int width_ = 1;        // vector width of the row path being emitted
+  bool shifted_ = false;  // the row path being emitted has shifted vectors (PlanShiftedVector)
   int lane_ = -1;        // the vector lane being emitted, or -1
   int phase_ = -1;       // the phase being emitted, or -1
   const VecPlan* plan_ = nullptr;

@@ -50,7 +50,12 @@
 //     index. CudaEmitOptions::tile = false keeps kPointwise.
 //   * kWarpPerRow (static reduction length <= 1024), kBlockPerRow (longer or dynamic): one outer
 //     point per warp / block; each phase is a strided loop over the (flattened) reduction space
-//     into thread-local accumulators (vectorized like pointwise when r0 is contiguous), then a
+//     into thread-local accumulators (vectorized like pointwise when r0 is contiguous; rows of a
+//     static length or stride that is not a multiple of the width move in vectors shifted to
+//     each row's alignment: they start kiln_sh = (misalign(anchor) + row offset) % width elements
+//     before the row, the row's first and last chunks go element by element, accesses whose
+//     distance to the anchor is not a multiple of the width stay scalar, and pointers lying
+//     differently from the anchor's take an uncached scalar path), then a
 //     warp-shuffle (+ shared-memory) all-reduce so that every thread holds the row's result for
 //     later phases. When the reduction length is static and a load recurs in a later phase, the
 //     values are kept in registers (`kiln_c<k>`) and HBM is read once (softmax, layer norm);

@@ -364,6 +364,36 @@ TEST(CudaEmitter, Bf16UsesEightWideVectorsAndBitConversions) {
 // bf16 rows as torch graphs give them (cast<f32>(load) folded, cast<bf16> stored): the widened
 // load is the row cache's value, so the two-pass max/sum and the exp reuse work as in f32 (no
 // second register array, one exp per element), and the store narrows once (no round_bf16).
+TEST(CudaEmitter, OddRowsMoveInVectorsShiftedToEachRowsAlignment) {
+  CudaLaunch launch;
+  // 3001 bf16 columns: a row starts 3001 * row elements in, so its vectors of 8 start
+  // (misalign(b0) + row * 3001 % 8) % 8 elements before it; the output row is as far from a
+  // boundary (checked at run time), so both move as vectors; the row's first and last chunks go
+  // element by element.
+  std::string src = EmitOne(kt::RowSoftmaxBf16(3001), true, &launch);
+  EXPECT_EQ(launch.layout, CudaLayout::kBlockPerRow);
+  EXPECT_EQ(launch.vector_width, 8);
+  EXPECT_TRUE(absl::StrContains(src, "kiln_cuda::misalign(b1, 8) == kiln_cuda::misalign(b0, 8)")) << src;
+  EXPECT_TRUE(absl::StrContains(src, "const idx_t kiln_sh = static_cast<idx_t>((kiln_cuda::misalign(b0, 8) + (o0 * 3001) % 8) % 8);")) << src;
+  EXPECT_TRUE(absl::StrContains(src, "if (kiln_rb >= 0 && kiln_rb + 8 <= 3001)")) << src;
+  EXPECT_TRUE(absl::StrContains(src, "kiln_cuda::load_vec<8>(b0 + (")) << src;
+  EXPECT_TRUE(absl::StrContains(src, "kiln_cuda::store_vec<8>(b1 + (")) << src;
+  EXPECT_TRUE(absl::StrContains(src, "if (kiln_r >= 0 && kiln_r < 3001)")) << src;
+  // Layer norm: x and out shift with the row, the weight and bias (aligned, one row for all)
+  // stay scalar loads inside the vector lanes.
+  src = EmitOne(kt::LayerNormBf16(3001, 1e-5f), true, &launch);
+  EXPECT_EQ(launch.vector_width, 8);
+  EXPECT_FALSE(absl::StrContains(src, "load_vec<8>(b1")) << src;
+  EXPECT_FALSE(absl::StrContains(src, "misalign(b1")) << src;
+  // Lengths that are a multiple of the width keep the plain vectors (no shift).
+  src = EmitOne(kt::RowSoftmaxBf16(4096), true, &launch);
+  EXPECT_EQ(launch.vector_width, 8);
+  EXPECT_FALSE(absl::StrContains(src, "kiln_sh")) << src;
+  // Without vectors: scalar.
+  src = EmitOne(kt::RowSoftmaxBf16(3001), false, &launch);
+  EXPECT_EQ(launch.vector_width, 1);
+}
+
 TEST(CudaEmitter, Bf16SoftmaxCachesTheWidenedRowOnceWithOneExpPerElement) {
   CudaLaunch launch;
   const std::string src = EmitOne(kt::RowSoftmaxBf16(1024), true, &launch);
@@ -595,13 +625,15 @@ TEST(CudaEmitter, ClustersOnlyOnSm90AndForFewLongRowsOrRowsTooLongForABlock) {
   EXPECT_EQ(s80->launches[0].layout, CudaLayout::kBlockPerRow);
   EXPECT_EQ(s80->launches[0].cluster, 1);
   EXPECT_FALSE(absl::StrContains(s80->source.substr(s80->prelude.size()), "cluster"));
-  // The vocabulary softmax: odd length, bf16 (scalar loads), 4 x 512 threads x 25 values.
+  // The vocabulary softmax: odd length, bf16 (vectors of 8 shifted to each row's alignment),
+  // 5 x 512 threads x 3 chunks of 8 values (3/4 of the usual 32: no spills at 64 registers).
   std::string src = EmitOne(kt::RowSoftmaxBf16(50257), true, &launch);
   EXPECT_EQ(launch.layout, CudaLayout::kClusterRow);
-  EXPECT_EQ(launch.cluster, 4);
-  EXPECT_EQ(launch.vector_width, 1);
-  EXPECT_EQ(launch.cached_values, 25);
-  EXPECT_EQ(Count(src, "cluster_allreduce<16, 4>("), 2);
+  EXPECT_EQ(launch.cluster, 5);
+  EXPECT_EQ(launch.vector_width, 8);
+  EXPECT_EQ(launch.cached_values, 24);
+  EXPECT_EQ(Count(src, "cluster_allreduce<16, 5>("), 3)
+      << "max and sum (vector path); the uncached scalar path's online softmax";
   // Layer norm over 65536 columns (Welford in two passes over the cached row).
   src = EmitOne(kt::LayerNorm(65536, 1e-5f), true, &launch);
   EXPECT_EQ(launch.layout, CudaLayout::kClusterRow);

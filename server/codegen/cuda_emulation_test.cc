@@ -90,6 +90,8 @@ struct Case {
   bool misaligned = false;  // every buffer pointer one element past a 64-byte boundary
   int max_grid = 3;         // small grids exercise the grid-stride loops
   int64_t special_row = 0;  // > 0: f32 inputs get an all -inf row, a NaN and -infs (rows of this length)
+  bool staggered = false;   // buffer j's pointer j elements past a 64-byte boundary (pointers
+                            // that lie differently: shifted rows take their scalar path)
 };
 
 // One phase folding a Welford and an online softmax over values that are not loads (so the
@@ -163,6 +165,16 @@ std::vector<Case> Cases() {
                        ScalarType::kInt64, ScalarType::kFloat32, ScalarType::kFloat64}) {
     c.push_back({absl::StrCat("every_op_", ScalarTypeName(t)), ct::EveryOp(t, 203), {}});
   }
+  // Last, so that the cases above keep their random inputs.
+  // Odd lengths: vectors shifted to each row's alignment, scalar first and last chunks.
+  c.push_back({"softmax_bf16_1001", kt::RowSoftmaxBf16(1001), {9}});
+  c.push_back({"softmax_bf16_1001_misaligned", kt::RowSoftmaxBf16(1001), {5}, true});
+  c.push_back({"softmax_3001_specials", kt::RowSoftmax(3001, false), {4}, false, 2, 3001});
+  c.push_back({"layer_norm_bf16_3001", kt::LayerNormBf16(3001, 1e-5f), {5}});
+  c.push_back({"layer_norm_bf16_3001_misaligned", kt::LayerNormBf16(3001, 1e-5f), {3}, true});
+  c.push_back({"row_sum_bf16_5x3001", kt::RowSum(5, 3001, true), {}});
+  c.push_back({"softmax_bf16_3001_staggered", kt::RowSoftmaxBf16(3001), {4}, false, 3, 0, true});
+  c.push_back({"layer_norm_bf16_3001_staggered", kt::LayerNormBf16(3001, 1e-5f), {3}, false, 3, 0, true});
   return c;
 }
 
@@ -181,12 +193,12 @@ struct Storage {
   void* ptr() { return bytes.data() + offset; }
 };
 
-Storage Allocate(size_t size, bool misaligned, int elem) {
+Storage Allocate(size_t size, int misaligned_elements, int elem) {
   Storage s;
   s.size = size;
   s.bytes.resize(size + 128);
   const uintptr_t base = reinterpret_cast<uintptr_t>(s.bytes.data());
-  s.offset = ((64 - base % 64) % 64) + (misaligned ? elem : 0);
+  s.offset = ((64 - base % 64) % 64) + static_cast<size_t>(misaligned_elements * elem);
   return s;
 }
 
@@ -296,6 +308,12 @@ std::vector<Case> ClusterCases() {
   c.push_back({"cluster_row_sum_5x5000", kt::RowSum(5, 5000, false), {}});
   c.push_back({"cluster_row_sum_bf16_3x6001", kt::RowSum(3, 6001, true), {}, false, 1});
   c.push_back({"cluster_full_sum", ct::FullSum(5000), {}});
+  // Odd rows with shifted vectors (last, so that the cases above keep their random inputs).
+  c.push_back({"cluster_softmax_bf16_3001_misaligned", kt::RowSoftmaxBf16(3001), {5}, true});
+  c.push_back({"cluster_layer_norm_bf16_3001_misaligned", kt::LayerNormBf16(3001, 1e-5f), {4}, true});
+  c.push_back({"cluster_log_softmax_3001", kt::RowSoftmax(3001, true), {3}});
+  c.push_back({"cluster_softmax_bf16_3001_staggered", kt::RowSoftmaxBf16(3001), {4}, false, 3, 0, true});
+  c.push_back({"cluster_softmax_3001_staggered_specials", kt::RowSoftmax(3001, false), {4}, false, 3, 3001, true});
   return c;
 }
 
@@ -343,7 +361,8 @@ void RunCases(std::vector<Case> cases, const CudaEmitOptions& options, bool expe
       const absl::optional<int64_t> n = b.num_elements.Evaluate(c.scalars);
       ASSERT_TRUE(n.has_value());
       const int elem = ScalarTypeBytes(b.dtype);
-      Storage s = Allocate(static_cast<size_t>(*n) * elem, c.misaligned, elem);
+      const int past = c.staggered ? static_cast<int>(b.index % 8) : c.misaligned ? 1 : 0;
+      Storage s = Allocate(static_cast<size_t>(*n) * elem, past, elem);
       Fill(s, b.dtype, b.access != Access::kWrite, rng);
       if (c.special_row > 0 && b.access != Access::kWrite && b.dtype == ScalarType::kFloat32) {
         // Row 0 all -inf (softmax: 0 / 0), a NaN in row 1, a few -inf in row 2.
@@ -354,7 +373,7 @@ void RunCases(std::vector<Case> cases, const CudaEmitOptions& options, bool expe
         p[2 * r + 1] = -INFINITY;
         p[2 * r + r - 1] = -INFINITY;
       }
-      Storage t = Allocate(s.size, c.misaligned, elem);
+      Storage t = Allocate(s.size, past, elem);
       std::memcpy(t.ptr(), s.ptr(), s.size);
       gpu_bufs.push_back(std::move(s));
       cpu_bufs.push_back(std::move(t));

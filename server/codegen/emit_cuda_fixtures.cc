@@ -114,6 +114,8 @@ std::vector<Fixture> Fixtures(bool small) {
   };
   f.push_back(rows_of("softmax_bf16_50257", "softmax", kt::RowSoftmaxBf16(50257), "bfloat16",
                       vocab_rows, 50257));
+  f.push_back(rows_of("softmax_50257", "softmax", kt::RowSoftmax(50257, false), "float32",
+                      vocab_rows, 50257));
   f.push_back(rows_of("softmax_65536", "softmax", kt::RowSoftmax(65536, false), "float32", rows_64k,
                       65536));
   f.push_back(rows_of("softmax_bf16_65536", "softmax", kt::RowSoftmaxBf16(65536), "bfloat16",
@@ -137,6 +139,13 @@ std::vector<Fixture> Fixtures(bool small) {
   const int64_t full = small ? 70000 : int64_t{1} << 26;
   f.push_back({"full_sum_64m", "row_sum", "", kt::RowSum(1, full, false), {},
                {{"float32", {1, full}, "in"}, {"float32", {1}, "out"}}});
+  // What lowering now makes of x.sum() over 64M f32 (server/lower/lower_split.cc): 8192 partial
+  // sums of 8192 elements (the whole GPU), then the sum of the partials; their times add up.
+  const int64_t parts = small ? 7 : 8192, part = small ? 1000 : 8192;
+  f.push_back({"full_sum_64m_partials", "row_sum", "", kt::RowSum(parts, part, false), {},
+               {{"float32", {parts, part}, "in"}, {"float32", {parts}, "out"}}});
+  f.push_back({"full_sum_64m_combine", "row_sum", "", kt::RowSum(1, parts, false), {},
+               {{"float32", {1, parts}, "in"}, {"float32", {1}, "out"}}});
   return f;
 }
 

@@ -127,6 +127,50 @@ TEST(FuseTest, MmWithGeluEpilogueGolden) {
 )");
 }
 
+// A full sum of 2^20 elements (one output: the row kernels alone would use a few SMs): a kernel
+// of 512 partial sums over 2048 elements each, into the workspace, then the sum of the partials.
+TEST(FuseTest, FewOutputReductionSplitsIntoPartialsGolden) {
+  GraphBuilder b;
+  b.Input("x", C32({1 << 20}))
+      .Call("s", "aten.sum.default", {Ref("x")}, C32({}))
+      .Output({"s"});
+  const Result r = Pipeline(b.Build());
+  EXPECT_EQ(r.kernels.kernels.size(), 2u);
+  EXPECT_EQ(r.plan.workspace_bytes(), 2048);
+  ExpectGolden("split_sum", r.text, R"(kernel "group 0: sum_partial"
+  scalars: 0
+  buffers: b0: f32 read [1048576], b1: f32 write [512]
+  outer: o0 < 512
+  reduce: r0 < 2048
+  accumulators: a0: sum f32
+  phase 0:
+    a0 <- load(b0, 2048*o0 + r0)
+  body:
+    b1[o0] = a0.value
+kernel "group 1: sum"
+  scalars: 0
+  buffers: b0: f32 read [512], b1: f32 write [1]
+  outer: (none)
+  reduce: r0 < 512
+  accumulators: a0: sum f32
+  phase 0:
+    a0 <- load(b0, r0)
+  body:
+    b1[0] = a0.value
+)");
+  // 64 outputs (enough rows), or 4096 elements an output (too few): one kernel.
+  GraphBuilder many;
+  many.Input("x", C32({64, 1 << 16}))
+      .Call("s", "aten.sum.dim_IntList", {Ref("x"), Ints({1})}, C32({64}))
+      .Output({"s"});
+  EXPECT_EQ(Pipeline(many.Build()).kernels.kernels.size(), 1u);
+  GraphBuilder small;
+  small.Input("x", C32({4096}))
+      .Call("s", "aten.sum.default", {Ref("x")}, C32({}))
+      .Output({"s"});
+  EXPECT_EQ(Pipeline(small.Build()).kernels.kernels.size(), 1u);
+}
+
 TEST(FuseTest, SoftmaxGolden) {
   GraphBuilder b;
   b.Input("x", C32({16, 33}))

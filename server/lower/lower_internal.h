@@ -118,6 +118,14 @@ struct RowBuilder {
 };
 
 
+// A sum/mean/prod/amax/amin with fewer outputs than a GPU has SMs' worth of rows (< 32) over at
+// least 65536 elements each (loss.sum() of a big tensor): records a first row op of partials
+// (one per output and p-th of the outermost reduced dim that has a divisor p near 2048 / outputs,
+// of the accumulator's type, in the workspace) and makes `b` the same reduction over those p
+// partials. Deterministic (fixed order); the same result up to the order of the additions. Does
+// nothing for any other row op. Call before b.Finish().
+absl::Status SplitFewOutputReduction(Lowerer& l, RowBuilder& b);
+
 // Each returns UNIMPLEMENTED for an op (or variant/dtype) it does not lower; nothing is added then.
 absl::Status LowerPointwiseNode(Lowerer& l, int32_t node);
 absl::Status LowerRowNode(Lowerer& l, int32_t node);

@@ -113,6 +113,7 @@ absl::Status LowerRowNode(Lowerer& l, int32_t node_index) {
       if (mean) v = k::Div(v, LiteralF(acc, static_cast<double>(count)));
       return k::Cast(out, v);
     }));
+    KILN_RETURN_IF_ERROR(SplitFewOutputReduction(l, b));
     return b.Finish();
   }
   if (name == "amax" || name == "amin" || ((name == "max" || name == "min") && ov.empty())) {
@@ -124,6 +125,7 @@ absl::Status LowerRowNode(Lowerer& l, int32_t node_index) {
     KILN_RETURN_IF_ERROR(b.Output(-1, false, [=](LoadContext&, const AccReader& a, const std::vector<Affine>&) {
       return k::Cast(out, a(0, AccField::kValue));
     }));
+    KILN_RETURN_IF_ERROR(SplitFewOutputReduction(l, b));
     return b.Finish();
   }
   if (name == "argmax" || name == "argmin" || name == "max" || name == "min") {  // max.dim / min.dim too

@@ -306,6 +306,16 @@ case("bf16-layer_norm-65536", lambda x, w: F.layer_norm(x, (65536,), w), r(2, 65
      r(65536, dtype=bf16))
 case("sum-few-long-rows", lambda x: x.sum(-1), r(4, 262144))
 case("bf16-sum-full-long", lambda x: x.sum(), r(1 << 20, dtype=bf16, low=-1, high=1))
+# Few outputs over many elements: partials over the GPU, then the same reduction over them.
+case("split-sum-2d-full", lambda x: x.sum(), r(512, 1024))
+case("split-mean-bf16-full", lambda x: (x * 2).mean(), r(256, 4096, dtype=bf16, low=-1, high=1))
+case("split-amax-full", lambda x: x.amax(), r(1 << 18))
+case("split-amin-dims-keepdim", lambda x: x.amin((0, 2), keepdim=True), r(300, 3, 1024))
+case("split-sum-dims", lambda x: x.sum((0, 2)), r(300, 3, 1024))
+case("split-prod-near-one", lambda x: (1 + x * 1e-6).prod(), r(1 << 17))
+case("split-int-sum-full", lambda x: x.sum(), r(1 << 17, dtype=i32))
+case("split-sum-unsplit-dim", lambda x: x.sum(), r(200, 4096))
+case("split-sum-then-pointwise", lambda x, y: x.sum(-1) * 2 + y, r(3, 1 << 17), r(3))
 case("argmax-few-long-rows", lambda x: x.argmax(-1), r(3, 70001))
 case("int-sum-mixed", lambda x, y: x.sum(-1) + y, r(4, 5, dtype=i32), r(4))
 
