@@ -29,8 +29,9 @@
 namespace kiln::compiler {
 
 // Bump when lowering, fusion or planning changes generated code or plans for the same graph.
-// 2: 64-bit CPU indices; 3: softmax in two passes over a row buffer, x * (1 / sum).
-inline constexpr char kCpuCompilerVersion[] = "kiln-cpu-compiler/3";
+// 2: 64-bit CPU indices; 3: softmax in two passes over a row buffer, x * (1 / sum); 4: split
+// few-output reductions (lower_split.cc).
+inline constexpr char kCpuCompilerVersion[] = "kiln-cpu-compiler/4";
 
 struct CpuCompilerOptions {
   // Compiler, time and memory limits; `march` is overwritten per request with target.cpu_isa.
