@@ -27,6 +27,14 @@ std::vector<v1::Argument> ConvArgs(const std::string& x, const std::string& w) {
 }
 
 
+v1::CompileRequest CudaRequest(GraphBuilder& b) {
+  v1::CompileRequest req = Request(b.Build());
+  req.mutable_target()->Clear();
+  req.mutable_target()->set_device(v1::DEVICE_KIND_CUDA);
+  req.mutable_target()->set_cuda_arch("sm_90");
+  return req;
+}
+
 std::vector<int64_t> StridesOfNode(const OpGraph& g, const std::string& name) {
   for (size_t n = 0; n < g.graph->nodes.size(); ++n) {
     if (g.graph->nodes[n].name == name && g.node_value[n] >= 0) return g.values[g.node_value[n]].strides;
@@ -44,10 +52,7 @@ TEST(ConvLayoutTest, ValuesBetweenConvolutionsBecomeChannelsLast) {
       .Call("conv2", "aten.convolution.default", ConvArgs("relu", "w2"), Cu({2, 16, 6, 6}))
       .Call("relu_1", "aten.relu.default", {Ref("conv2")}, Cu({2, 16, 6, 6}))
       .Output({"relu_1"});
-  v1::CompileRequest req = Request(b.Build());
-  req.mutable_target()->Clear();
-  req.mutable_target()->set_device(v1::DEVICE_KIND_CUDA);
-  req.mutable_target()->set_cuda_arch("sm_90");
+  const v1::CompileRequest req = CudaRequest(b);
   auto prepared = graph::PrepareGraph(req, graph::GraphLimits(), graph::CompilerIdentity());
   ASSERT_TRUE(prepared.ok()) << prepared.status();
   auto ops = LowerGraph(prepared->graph, prepared->fallback_nodes);
@@ -71,10 +76,7 @@ TEST(ConvLayoutTest, ValuesReadOtherwiseKeepTheirStrides) {
       .Call("view", "aten.view.default", {Ref("neg"), Ints({2, 288})}, Cu({2, 288}))
       .Call("conv2", "aten.convolution.default", ConvArgs("neg", "w1"), Cu({2, 16, 6, 6}))
       .Output({"conv1", "relu", "view", "conv2"});
-  v1::CompileRequest req = Request(b.Build());
-  req.mutable_target()->Clear();
-  req.mutable_target()->set_device(v1::DEVICE_KIND_CUDA);
-  req.mutable_target()->set_cuda_arch("sm_90");
+  const v1::CompileRequest req = CudaRequest(b);
   auto prepared = graph::PrepareGraph(req, graph::GraphLimits(), graph::CompilerIdentity());
   ASSERT_TRUE(prepared.ok()) << prepared.status();
   auto ops = LowerGraph(prepared->graph, prepared->fallback_nodes);
