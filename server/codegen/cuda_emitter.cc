@@ -166,6 +166,9 @@ class CudaKernelEmitter : public CpuKernelEmitter {
       : CpuKernelEmitter(kernel, index, CpuOptions()), cuda_(options) {
     num_sms_ = options.num_sms > 0 ? options.num_sms
                                    : (options.arch.rfind("sm_8", 0) == 0 ? 108 : 132);
+    long_rows_ = index >= 0 && static_cast<size_t>(index) < options.kernel_long_rows.size()
+                     ? options.kernel_long_rows[index]
+                     : options.long_rows;
   }
 
   const CudaLaunch& launch() const { return launch_; }
@@ -348,15 +351,15 @@ class CudaKernelEmitter : public CpuKernelEmitter {
     return absl::StrCat("alignas(16) __shared__ unsigned char kiln_smem[", smem_bytes_, "];");
   }
 
-  // kClusterRow's shape for a row kernel of static length `total` (cuda_long_rows.h), or nullopt.
-  absl::optional<ClusterRowChoice> ChooseCluster(int64_t total, absl::optional<int64_t> rows) {
-    if (!ArchHasClusters(cuda_.arch)) return absl::nullopt;
+  // What cuda_long_rows.h needs to know about this row kernel of static length `total`.
+  ClusterRowFacts LongRowFacts(int64_t total, absl::optional<int64_t> rows, bool* shifted_rows,
+                               int* shifted_width) {
     ClusterRowFacts facts;
     facts.length = total;
     facts.rows = rows;
-    facts.recurring_loads = RecurringLoads();
-    bool shifted_rows = false;
-    int shifted_width = 1;
+    int64_t element_bytes = 0;
+    facts.recurring_loads = RecurringLoads(&element_bytes);
+    facts.row_bytes = element_bytes * total;
     if (k_.reduce.size() == 1) {
       std::vector<Stmt> all;
       for (const kernel::Phase& p : k_.phases) all.insert(all.end(), p.stmts.begin(), p.stmts.end());
@@ -367,10 +370,14 @@ class CudaKernelEmitter : public CpuKernelEmitter {
         // Vectors from up to width - 1 elements before the row's start (PlanShiftedVector).
         facts.vector_width = shifted;
         facts.length = total + shifted - 1;
-        shifted_rows = true;
-        shifted_width = shifted;
+        *shifted_rows = true;
+        *shifted_width = shifted;
       }
     }
+    return facts;
+  }
+
+  ClusterRowLimits LongRowLimits(bool shifted_rows, int shifted_width) const {
     ClusterRowLimits limits;
     limits.num_sms = num_sms_;
     limits.max_cluster = cuda_.max_cluster;
@@ -383,7 +390,26 @@ class CudaKernelEmitter : public CpuKernelEmitter {
                                                         cuda_.row_values * 3 / 4))
                      : cuda_.row_values;
     limits.max_cached_values = cuda_.max_cached_values;
-    return ChooseClusterRows(facts, limits);
+    if (long_rows_ == CudaLongRows::kCluster) limits.l2_row_bytes = 0;
+    return limits;
+  }
+
+  // kClusterRow's shape for a row kernel of static length `total` (cuda_long_rows.h), or nullopt;
+  // for nullopt, *row_grid = the grid cap of an uncached block per row (UncachedRowGrid; 0: none).
+  absl::optional<ClusterRowChoice> ChooseCluster(int64_t total, absl::optional<int64_t> rows,
+                                                 int block, int64_t* row_grid) {
+    *row_grid = 0;
+    if (!ArchHasClusters(cuda_.arch)) return absl::nullopt;
+    bool shifted_rows = false;
+    int shifted_width = 1;
+    const ClusterRowFacts facts = LongRowFacts(total, rows, &shifted_rows, &shifted_width);
+    const ClusterRowLimits limits = LongRowLimits(shifted_rows, shifted_width);
+    absl::optional<ClusterRowChoice> choice;
+    if (long_rows_ != CudaLongRows::kBlockPerRow) choice = ChooseClusterRows(facts, limits);
+    if (!choice && long_rows_ != CudaLongRows::kCluster) {
+      *row_grid = UncachedRowGrid(facts, limits, block);
+    }
+    return choice;
   }
 
   // A run-time condition on the scalars under which 32-bit indices are safe: the work and every
@@ -879,7 +905,8 @@ class CudaKernelEmitter : public CpuKernelEmitter {
       launch_.max_grid = int64_t{num_sms_} * (kThreadsPerSm / block);
       smem_bytes_ = 32 * max_state;
       if (total_c) {
-        if (const absl::optional<ClusterRowChoice> c = ChooseCluster(*total_c, rows.AsConst())) {
+        if (const absl::optional<ClusterRowChoice> c =
+                ChooseCluster(*total_c, rows.AsConst(), block, &row_grid_)) {
           // A row over the blocks of a cluster: slots for the block all-reduce, then the two
           // published slots of 8 words (kiln_cuda_cluster.cuh).
           launch_.layout = CudaLayout::kClusterRow;
@@ -963,12 +990,15 @@ class CudaKernelEmitter : public CpuKernelEmitter {
       // a persistent grid sized by a wrong guess leaves a partial last wave as long as the rest.
       launch_.max_grid = int64_t{num_sms_} * (kThreadsPerSm / launch_.block) * kRowWaves /
                          launch_.cluster * launch_.cluster;
+      // Uncached rows too long for a block: no more rows in flight than the L2 holds (pass 2).
+      if (row_grid_ > 0) launch_.max_grid = std::min(launch_.max_grid, row_grid_);
     }
   }
 
-  // Loads along the reduction that recur in a later phase (the row cache's arrays).
-  int RecurringLoads() const {
-    std::map<std::string, int> count;
+  // Loads along the reduction that recur in a later phase (the row cache's arrays); with
+  // `element_bytes`, the bytes of one element of each of them, summed.
+  int RecurringLoads(int64_t* element_bytes = nullptr) const {
+    std::map<std::string, int> count, bytes;
     for (const kernel::Phase& p : k_.phases) {
       std::set<std::string> here;
       for (const ExprNode* l : LoadsOf(p.stmts)) {
@@ -977,10 +1007,14 @@ class CudaKernelEmitter : public CpuKernelEmitter {
         for (const IndexTerm& t : l->index.terms) uses_r |= t.var.kind == VarKind::kReduce;
         const std::string key = AccessKey(l->buffer, l->index);
         if (uses_r && here.insert(key).second) ++count[key];
+        bytes[key] = kernel::ScalarTypeBytes(l->buffer.dtype);
       }
     }
     int n = 0;
-    for (const auto& [key, c] : count) n += c > 1;
+    for (const auto& [key, c] : count) {
+      n += c > 1;
+      if (c > 1 && element_bytes != nullptr) *element_bytes += bytes[key];
+    }
     return n;
   }
 
@@ -1092,7 +1126,10 @@ class CudaKernelEmitter : public CpuKernelEmitter {
                              group_, ")"));
         opened = 2;
       } else if (total_c) {
-        w_.Raw(!cache_.empty() || chunks <= 16 ? "#pragma unroll" : "#pragma unroll 4");
+        // Uncached shifted rows: 4 chunks at a time (each has a vector and a scalar path; fully
+        // unrolled, the 13 chunks of a 50257 f32 row spill at 64 registers; 4 take 32, no spill).
+        const bool unroll_all = !cache_.empty() || (chunks <= 16 && !(shifted_ && chunks > 4));
+        w_.Raw(unroll_all ? "#pragma unroll" : "#pragma unroll 4");
         w_.Open(absl::StrCat("for (int kiln_e = 0; kiln_e < ", chunks, "; ++kiln_e)"));
         if (width == 1) {
           w_.Linef("const idx_t kiln_rb = static_cast<idx_t>(kiln_e) * ", group_, " + kiln_lane;");
@@ -1388,6 +1425,8 @@ class CudaKernelEmitter : public CpuKernelEmitter {
 
   const CudaEmitOptions cuda_;
   int num_sms_ = 132;
+  CudaLongRows long_rows_ = CudaLongRows::kAuto;  // this kernel's (options.kernel_long_rows)
+  int64_t row_grid_ = 0;  // kBlockPerRow: the grid cap of uncached long rows (0: none)
   CudaLaunch launch_;
   int group_ = 1;        // threads per row
   int smem_bytes_ = 0;   // static shared memory for the all-reduce

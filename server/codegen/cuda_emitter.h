@@ -82,6 +82,10 @@
 //     cached in the cluster's registers) and for fewer rows than SMs (a split reduction). The
 //     grid is a multiple of `cluster` (CudaGridSize rounds it); the kernel ends with a cluster
 //     barrier. Shared memory comes from cluster_smem (emulation gives each block its own).
+//     Rows too long for one block but with rows enough (>= kClusterRowsPerSm per SM) stay
+//     kBlockPerRow, uncached, with a grid capped so that the rows in flight fit the L2
+//     (UncachedRowGrid): pass 2 re-reads its row from L2. CudaEmitOptions::long_rows forces
+//     either layout.
 //
 // Guarantees: as the CPU emitter (names generated only; no graph strings; constants exact).
 // Accumulation is fp32 for f16/bf16 data (the IR's accumulators are f32/f64); NaN propagates.
@@ -96,6 +100,14 @@
 
 namespace kiln::codegen {
 
+// Rows too long for one block's registers, on sm_90+ (cuda_long_rows.h).
+enum class CudaLongRows {
+  kAuto,         // cuda_long_rows.h decides: clusters for few rows, one uncached block otherwise
+  kBlockPerRow,  // never kClusterRow: one block per row (uncached past its registers; pass 2
+                 // re-reads the row, from L2 when the grid keeps few enough rows in flight)
+  kCluster,      // kClusterRow wherever a cluster's registers hold the row (rows2's choice)
+};
+
 struct CudaEmitOptions {
   std::string arch = "sm_90";  // decides the default SM count, and kClusterRow (sm_90+ only)
   int num_sms = 0;             // 0: 132 for sm_90*, 108 for sm_80, 132 otherwise
@@ -109,6 +121,9 @@ struct CudaEmitOptions {
   int row_values = 32;       // row kernels: cached values per thread a block size aims at
   int max_row_block = 1024;  // row kernels: the largest block
   int max_cluster = 8;       // kClusterRow: blocks per cluster (< 2: never; sm_8x: never)
+  CudaLongRows long_rows = CudaLongRows::kAuto;
+  std::vector<CudaLongRows> kernel_long_rows;  // by kernel index, overriding long_rows where
+                                               // given (fixtures comparing layouts side by side)
 };
 
 enum class CudaLayout { kPointwise, kWarpPerRow, kBlockPerRow, kColumn, kTiled, kClusterRow };

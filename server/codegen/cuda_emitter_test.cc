@@ -625,15 +625,39 @@ TEST(CudaEmitter, ClustersOnlyOnSm90AndForFewLongRowsOrRowsTooLongForABlock) {
   EXPECT_EQ(s80->launches[0].layout, CudaLayout::kBlockPerRow);
   EXPECT_EQ(s80->launches[0].cluster, 1);
   EXPECT_FALSE(absl::StrContains(s80->source.substr(s80->prelude.size()), "cluster"));
-  // The vocabulary softmax: odd length, bf16 (vectors of 8 shifted to each row's alignment),
-  // 5 x 512 threads x 3 chunks of 8 values (3/4 of the usual 32: no spills at 64 registers).
+  // The vocabulary softmax: odd length, bf16 (vectors of 8 shifted to each row's alignment).
+  // Rows enough (an unknown count) of 101 KB: one uncached block of 1024 per row, read twice,
+  // with two blocks per SM at most (264 rows in flight fit the L2).
   std::string src = EmitOne(kt::RowSoftmaxBf16(50257), true, &launch);
+  EXPECT_EQ(launch.layout, CudaLayout::kBlockPerRow);
+  EXPECT_EQ(launch.block, 1024);
+  EXPECT_EQ(launch.vector_width, 8);
+  EXPECT_EQ(launch.cached_values, 0);
+  EXPECT_EQ(launch.max_grid, 264);
+  EXPECT_EQ(Count(src, "#pragma unroll 4\n"), 4) << "two phases, vector and scalar paths" << src;
+  // Forced into a cluster: 5 x 512 threads x 3 chunks of 8 values (3/4 of the usual 32: no
+  // spills at 64 registers).
+  CudaEmitOptions clusters;
+  clusters.include_prelude = false;
+  clusters.long_rows = CudaLongRows::kCluster;
+  absl::StatusOr<Kernel> vocab = kt::RowSoftmaxBf16(50257);
+  ASSERT_TRUE(vocab.ok());
+  absl::StatusOr<CudaSource> forced = EmitCudaSource({*vocab}, clusters);
+  ASSERT_TRUE(forced.ok());
+  launch = forced->launches[0];
+  src = forced->kernel_sources[0];
   EXPECT_EQ(launch.layout, CudaLayout::kClusterRow);
   EXPECT_EQ(launch.cluster, 5);
   EXPECT_EQ(launch.vector_width, 8);
   EXPECT_EQ(launch.cached_values, 24);
   EXPECT_EQ(Count(src, "cluster_allreduce<16, 5>("), 3)
       << "max and sum (vector path); the uncached scalar path's online softmax";
+  // Per kernel: the second of two copies forced to one block per row.
+  clusters.kernel_long_rows = {CudaLongRows::kCluster, CudaLongRows::kBlockPerRow};
+  forced = EmitCudaSource({*vocab, *vocab}, clusters);
+  ASSERT_TRUE(forced.ok());
+  EXPECT_EQ(forced->launches[0].layout, CudaLayout::kClusterRow);
+  EXPECT_EQ(forced->launches[1].layout, CudaLayout::kBlockPerRow);
   // Layer norm over 65536 columns (Welford in two passes over the cached row).
   src = EmitOne(kt::LayerNorm(65536, 1e-5f), true, &launch);
   EXPECT_EQ(launch.layout, CudaLayout::kClusterRow);

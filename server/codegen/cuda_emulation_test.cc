@@ -288,6 +288,7 @@ CudaEmitOptions ClusterOptions() {
   o.max_row_block = 128;
   o.row_values = 8;
   o.max_cached_values = 16;
+  o.long_rows = CudaLongRows::kCluster;  // with these limits and a few rows, rows enough for L2
   return o;
 }
 
@@ -412,6 +413,14 @@ TEST(CudaEmulation, GeneratedCudaKernelsMatchTheCpuKernels) {
 }
 
 TEST(CudaEmulation, ClusterRowKernelsMatchTheCpuKernels) { RunCases(ClusterCases(), ClusterOptions(), true); }
+
+// The same rows, too long for one block's registers, as one uncached block per row (read twice,
+// shifted vectors four chunks at a time, the grid capped to whole blocks per SM).
+TEST(CudaEmulation, UncachedLongRowKernelsMatchTheCpuKernels) {
+  CudaEmitOptions options = ClusterOptions();
+  options.long_rows = CudaLongRows::kBlockPerRow;
+  RunCases(ClusterCases(), options, false);
+}
 
 }  // namespace
 }  // namespace kiln::codegen

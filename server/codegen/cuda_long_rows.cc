@@ -6,6 +6,8 @@ namespace kiln::codegen {
 
 namespace {
 
+constexpr int kThreadsPerSm = 2048;
+
 // Registers per thread that the emitter may spend on cached values with blocks of `block`
 // threads (as CudaKernelEmitter::EmitRow: at most half of what the block size leaves a thread).
 int64_t CacheLimit(int block, const ClusterRowLimits& limits) {
@@ -27,7 +29,30 @@ int ParallelBlocks(const ClusterRowFacts& f, int block, const ClusterRowLimits& 
   return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>({want, most, limits.max_cluster})));
 }
 
+// One block of the largest size already keeps the row in registers (or nothing recurs).
+bool OneBlockCaches(const ClusterRowFacts& f, const ClusterRowLimits& limits) {
+  const int large = limits.max_row_block;
+  return f.recurring_loads == 0 || CachedValues(f, large) <= CacheLimit(large, limits);
+}
+
 }  // namespace
+
+bool PreferUncachedRows(const ClusterRowFacts& facts, const ClusterRowLimits& limits) {
+  if (limits.l2_row_bytes <= 0 || facts.row_bytes <= 0 || facts.length <= 0) return false;
+  if (limits.max_row_block < 32 || OneBlockCaches(facts, limits)) return false;
+  if (facts.rows && *facts.rows < int64_t{limits.cluster_rows_per_sm} * limits.num_sms) return false;
+  return int64_t{limits.num_sms} * facts.row_bytes <= limits.l2_row_bytes;
+}
+
+int64_t UncachedRowGrid(const ClusterRowFacts& facts, const ClusterRowLimits& limits, int block) {
+  if (limits.l2_row_bytes <= 0 || facts.row_bytes <= 0 || facts.length <= 0 || block <= 0) return 0;
+  if (limits.max_row_block < 32 || OneBlockCaches(facts, limits)) return 0;
+  // Whole blocks per SM: a grid-stride loop over rows on SMs holding unequal numbers of blocks
+  // leaves the lightly loaded SMs idle at the end.
+  const int64_t by_threads = std::max(1, kThreadsPerSm / block);
+  const int64_t fit = limits.l2_row_bytes / facts.row_bytes / std::max(1, limits.num_sms);
+  return int64_t{limits.num_sms} * std::max<int64_t>(1, std::min(fit, by_threads));
+}
 
 bool ArchHasClusters(const std::string& arch) {
   if (arch.rfind("sm_", 0) != 0) return false;
@@ -50,9 +75,7 @@ absl::optional<ClusterRowChoice> ChooseClusterRows(const ClusterRowFacts& facts,
   };
   // One block of the largest size already keeps the row in registers (or nothing recurs):
   // clusters only for parallelism.
-  const bool one_block =
-      facts.recurring_loads == 0 || CachedValues(facts, large) <= CacheLimit(large, limits);
-  if (one_block) {
+  if (OneBlockCaches(facts, limits)) {
     for (int block : {small, large}) {
       const int cluster = ParallelBlocks(facts, block, limits);
       if (cluster < 2) return absl::nullopt;
@@ -60,6 +83,8 @@ absl::optional<ClusterRowChoice> ChooseClusterRows(const ClusterRowFacts& facts,
     }
     return absl::nullopt;
   }
+  // Rows enough, and a row per SM fits the L2: one block per row, read twice.
+  if (PreferUncachedRows(facts, limits)) return absl::nullopt;
   for (int block : {small, large}) {
     for (int cluster = 2; cluster <= limits.max_cluster; ++cluster) {
       if (fits(block, cluster)) {

@@ -14,6 +14,15 @@
 // ChooseClusterRows takes the facts the emitter knows about a row kernel and says whether to use
 // the layout and with which shape; it never chooses it for sm_8x (no clusters), dynamic lengths,
 // or when one block already does the job (a block caches the row, or there are rows enough).
+//
+// Rows too long for one block's registers but with rows enough (>= cluster_rows_per_sm rows per
+// SM, or an unknown count) whose rows in flight fit the L2 (one per SM: num_sms * row_bytes <=
+// l2_row_bytes) stay one block per row, uncached: pass 1 reads the row from HBM, pass 2 reads it
+// again from L2 (UncachedRowGrid caps the grid, so the rows in flight, to what the L2 holds).
+// THE DECISION between the two is kClusterRowsPerSm (and kL2RowBytes) below: rows >=
+// kClusterRowsPerSm * SMs -> one uncached block per row; fewer -> a cluster caching the row.
+// kClusterRowsPerSm = 0 gives the uncached block to every count of rows that fits the L2 test,
+// a huge value (or l2_row_bytes = 0) restores clusters wherever their registers hold the row.
 
 #include <cstdint>
 #include <string>
@@ -27,7 +36,17 @@ struct ClusterRowFacts {
   absl::optional<int64_t> rows;       // the number of rows, when static
   int recurring_loads = 0;            // loads along the row that later phases read again
   int vector_width = 1;               // elements per vector access along the row (1: scalar)
+  int64_t row_bytes = 0;              // bytes of the recurring loads of one row (what pass 2
+                                      // of an uncached row reads again)
 };
+
+// Rows per SM from which a row too long for one block is read twice by one block (pass 2 from
+// L2) rather than cached in a cluster's registers. From the H200 fixtures: clusters win with a
+// few long rows (64 x 262144), lose with thousands (4096 x 50257: 0.94x Inductor).
+inline constexpr int kClusterRowsPerSm = 2;
+// The bytes of rows in flight pass 2 may expect to find in L2 (H100/H200: 50 MB, of which the
+// writes of pass 2 and the other partition's copies take a share).
+inline constexpr int64_t kL2RowBytes = int64_t{32} << 20;
 
 struct ClusterRowLimits {
   int num_sms = 132;
@@ -35,6 +54,8 @@ struct ClusterRowLimits {
   int max_row_block = 1024;  // threads per block
   int row_values = 32;       // cached values per thread a block aims at
   int max_cached_values = 64;  // the emitter's register budget (also <= 65536 / block / 2)
+  int cluster_rows_per_sm = kClusterRowsPerSm;  // see above
+  int64_t l2_row_bytes = kL2RowBytes;           // 0: no uncached long rows (clusters as before)
 };
 
 struct ClusterRowChoice {
@@ -52,6 +73,16 @@ bool ArchHasClusters(const std::string& arch);
 // one block per row (the kBlockPerRow layout).
 absl::optional<ClusterRowChoice> ChooseClusterRows(const ClusterRowFacts& facts,
                                                    const ClusterRowLimits& limits);
+
+// Whether a row too long for one block's registers is better read twice by one block (rows
+// enough, and a row per SM fits the L2) than cached in a cluster: the rule above.
+bool PreferUncachedRows(const ClusterRowFacts& facts, const ClusterRowLimits& limits);
+
+// The grid of one uncached block per row of blocks of `block` threads, when rows are too long for
+// one block's registers and recur (pass 2 re-reads them): whole blocks per SM, as many as fit by
+// threads but no more rows in flight than l2_row_bytes / row_bytes (at least one per SM), so that
+// pass 2 finds its row in L2. 0: no cap (the row is cached, nothing recurs, or no L2 budget).
+int64_t UncachedRowGrid(const ClusterRowFacts& facts, const ClusterRowLimits& limits, int block);
 
 }  // namespace kiln::codegen
 

@@ -64,6 +64,56 @@ TEST(ChooseClusterRows, FewLongRowsAreSplitForParallelism) {
   EXPECT_EQ(c->cluster, 8);
 }
 
+ClusterRowFacts WithBytes(ClusterRowFacts f, int64_t element_bytes) {
+  f.row_bytes = element_bytes * f.length;
+  return f;
+}
+
+TEST(ChooseClusterRows, RowsEnoughWhoseRowsFitTheL2StayOneUncachedBlock) {
+  const ClusterRowLimits limits;
+  // 4096 rows of 50257 (f32 201 KB, bf16 101 KB: 132 rows in flight fit the L2): one block.
+  const ClusterRowFacts f32 = WithBytes(Facts(50257, int64_t{4096}, 1, 4), 4);
+  const ClusterRowFacts bf16 = WithBytes(Facts(50257, int64_t{4096}, 1, 8), 2);
+  EXPECT_TRUE(PreferUncachedRows(f32, limits));
+  EXPECT_FALSE(ChooseClusterRows(f32, limits));
+  EXPECT_FALSE(ChooseClusterRows(bf16, limits));
+  EXPECT_FALSE(ChooseClusterRows(WithBytes(Facts(50257, absl::nullopt, 1, 8), 2), limits))
+      << "an unknown number of rows counts as rows enough";
+  // Fewer rows than kClusterRowsPerSm per SM: the cluster.
+  const ClusterRowFacts few = WithBytes(Facts(50257, int64_t{2 * 132 - 1}, 1, 4), 4);
+  EXPECT_FALSE(PreferUncachedRows(few, limits));
+  EXPECT_TRUE(ChooseClusterRows(few, limits));
+  // f32 65536 and 131072: a row per SM is more than kL2RowBytes: the cluster.
+  EXPECT_TRUE(ChooseClusterRows(WithBytes(Facts(65536, int64_t{1024}, 1, 4), 4), limits));
+  EXPECT_TRUE(ChooseClusterRows(WithBytes(Facts(131072, int64_t{512}, 1, 4), 4), limits));
+  EXPECT_FALSE(ChooseClusterRows(WithBytes(Facts(65536, int64_t{1024}, 1, 8), 2), limits));
+  // The rule flips with its constants.
+  ClusterRowLimits clusters = limits;
+  clusters.l2_row_bytes = 0;
+  EXPECT_TRUE(ChooseClusterRows(f32, clusters));
+  ClusterRowLimits more = limits;
+  more.cluster_rows_per_sm = 64;
+  EXPECT_TRUE(ChooseClusterRows(f32, more));
+  // Rows one block caches never get here.
+  EXPECT_FALSE(PreferUncachedRows(WithBytes(Facts(32768, int64_t{4096}, 1, 4), 4), limits));
+}
+
+TEST(UncachedRowGrid, WholeBlocksPerSmWhoseRowsFitTheL2) {
+  const ClusterRowLimits limits;
+  // f32 50257: one 1024-thread block per SM (two would hold 53 MB); bf16: two.
+  EXPECT_EQ(UncachedRowGrid(WithBytes(Facts(50257, int64_t{4096}, 1, 4), 4), limits, 1024), 132);
+  EXPECT_EQ(UncachedRowGrid(WithBytes(Facts(50257, int64_t{4096}, 1, 8), 2), limits, 1024), 264);
+  // Never fewer than one per SM, never more than fit by threads.
+  EXPECT_EQ(UncachedRowGrid(WithBytes(Facts(262144, int64_t{64}, 1, 4), 4), limits, 1024), 132);
+  EXPECT_EQ(UncachedRowGrid(WithBytes(Facts(50257, int64_t{4096}, 1, 8), 2), limits, 512), 264);
+  // No cap: the row is cached by one block, nothing recurs, or no L2 budget.
+  EXPECT_EQ(UncachedRowGrid(WithBytes(Facts(32768, int64_t{4096}, 1, 4), 4), limits, 1024), 0);
+  EXPECT_EQ(UncachedRowGrid(WithBytes(Facts(262144, int64_t{64}, 0, 4), 4), limits, 1024), 0);
+  ClusterRowLimits none = limits;
+  none.l2_row_bytes = 0;
+  EXPECT_EQ(UncachedRowGrid(WithBytes(Facts(50257, int64_t{4096}, 1, 4), 4), none, 1024), 0);
+}
+
 TEST(ChooseClusterRows, NoClustersWhenDisabled) {
   ClusterRowLimits limits;
   limits.max_cluster = 1;

@@ -13,6 +13,8 @@
 
 #include <cstdio>
 #include <fstream>
+#include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -41,6 +43,8 @@ struct Fixture {
   absl::StatusOr<Kernel> kernel;
   std::vector<int64_t> scalars;
   std::vector<BufferSpec> buffers;
+  CudaLongRows long_rows = CudaLongRows::kAuto;  // the layout of rows too long for a block
+  int64_t grid = 0;                               // > 0: this grid instead of the launch's
 };
 
 // out = a + b, f32, n elements (the plainest pointwise kernel: 12 bytes per element).
@@ -132,6 +136,35 @@ std::vector<Fixture> Fixtures(bool small) {
                kt::LayerNormBf16(50257, 1e-5f), {rows_64k},
                {{"bfloat16", {rows_64k, 50257}, "in"}, {"bfloat16", {50257}, "in"},
                 {"bfloat16", {50257}, "in"}, {"bfloat16", {rows_64k, 50257}, "out"}}});
+  // Each long-row shape with both layouts forced, side by side with what the emitter picks:
+  // <name>_l2 one uncached block per row (pass 2 from L2, grid capped to whole blocks per SM
+  // whose rows fit kL2RowBytes), <name>_cl a cluster caching the row. For the shapes where one
+  // row per SM fits the L2, the _l2 kernel with the other grid too: <name>_l2g2 two blocks per
+  // SM where the cap gives one, <name>_l2g1 one per SM where it gives two (bf16 50257).
+  const std::set<std::string> long_rows = {
+      "softmax_bf16_50257", "softmax_50257",      "softmax_65536",       "softmax_bf16_65536",
+      "log_softmax_131072", "softmax_262144",     "log_softmax_262144",  "softmax_bf16_262144",
+      "layer_norm_bf16_50257"};
+  const std::map<std::string, int64_t> other_grid = {
+      {"softmax_50257", 264}, {"softmax_65536", 264}, {"softmax_bf16_50257", 132},
+      {"softmax_bf16_65536", 264}};  // H200: 132 SMs
+  for (size_t i = 0, end = f.size(); i < end; ++i) {
+    if (!long_rows.count(f[i].name)) continue;
+    const Fixture base = f[i];
+    Fixture l2 = base, cl = base;
+    l2.name += "_l2";
+    l2.long_rows = CudaLongRows::kBlockPerRow;
+    cl.name += "_cl";
+    cl.long_rows = CudaLongRows::kCluster;
+    f.push_back(l2);
+    f.push_back(cl);
+    if (auto g = other_grid.find(base.name); g != other_grid.end() && !small) {
+      Fixture regrid = l2;
+      regrid.name = absl::StrCat(base.name, "_l2g", g->second / 132);
+      regrid.grid = g->second;
+      f.push_back(regrid);
+    }
+  }
   f.push_back({"row_sum_64x262144", "row_sum", "", kt::RowSum(few, 262144, false), {},
                {{"float32", {few, 262144}, "in"}, {"float32", {few}, "out"}}});
   f.push_back({"row_sum_bf16_64x262144", "row_sum", "", kt::RowSum(few, 262144, true), {},
@@ -195,6 +228,7 @@ int Main(int argc, char** argv) {
   }
   CudaEmitOptions options;
   options.arch = arch;
+  for (const Fixture& f : fixtures) options.kernel_long_rows.push_back(f.long_rows);
   absl::StatusOr<CudaSource> src = EmitCudaSource(kernels, options);
   if (!src.ok()) {
     fprintf(stderr, "emit: %s\n", std::string(src.status().message()).c_str());
@@ -222,7 +256,7 @@ int Main(int argc, char** argv) {
   for (size_t i = 0; i < fixtures.size(); ++i) {
     const Fixture& f = fixtures[i];
     const CudaLaunch& l = src->launches[i];
-    absl::StatusOr<int64_t> grid = CudaGridSize(l, f.scalars);
+    absl::StatusOr<int64_t> grid = f.grid > 0 ? absl::StatusOr<int64_t>(f.grid) : CudaGridSize(l, f.scalars);
     if (!grid.ok()) {
       fprintf(stderr, "%s: %s\n", f.name.c_str(), std::string(grid.status().message()).c_str());
       return 1;

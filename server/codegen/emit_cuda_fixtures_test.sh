@@ -23,9 +23,12 @@ for name in add_f32 bf16_chain broadcast_add_transposed softmax_1024 log_softmax
             row_sum_bf16_64x262144 full_sum_64m full_sum_64m_partials full_sum_64m_combine softmax_50257; do
   grep -q "\"name\": \"${name}\"" "${out}/manifest.json" || { echo "no ${name} in the manifest"; exit 1; }
 done
-python3 -c "import json,sys; m=json.load(open(sys.argv[1])); assert len(m['kernels'])==28; assert all(k['grid']>=1 and k['block']>=32 for k in m['kernels'])" "${out}/manifest.json"
+python3 -c "import json,sys; m=json.load(open(sys.argv[1])); assert len(m['kernels'])==46; assert all(k['grid']>=1 and k['block']>=32 for k in m['kernels'])" "${out}/manifest.json"
 # Odd rows (50257) move in 8-wide bf16 vectors shifted to each row's alignment.
 python3 -c "import json,sys; m={k['name']: k for k in json.load(open(sys.argv[1]))['kernels']}; assert m['softmax_bf16_50257']['vector_width']==8 and m['softmax_50257']['vector_width']==4 and m['layer_norm_bf16_50257']['vector_width']==8, m['softmax_bf16_50257']" "${out}/manifest.json"
-# sm_90: the long rows spread over thread-block clusters (grid a multiple of the cluster).
-python3 -c "import json,sys; m={k['name']: k for k in json.load(open(sys.argv[1]))['kernels']}; assert all(m[n]['layout']=='cluster_row' and m[n]['grid'] % m[n]['cluster']==0 for n in ('softmax_bf16_50257','softmax_262144','row_sum_64x262144')), m['softmax_262144']" "${out}/manifest.json"
+# sm_90: few long rows (1 MB rows do not fit the L2 test) spread over thread-block clusters (grid a multiple of the cluster); the
+# _l2 and _cl fixtures force one uncached block per row and a cluster; 50257 columns of an
+# unknown count of rows: one uncached block per row.
+python3 -c "import json,sys; m={k['name']: k for k in json.load(open(sys.argv[1]))['kernels']}; assert all(m[n]['layout']=='cluster_row' and m[n]['grid'] % m[n]['cluster']==0 for n in ('softmax_262144','row_sum_64x262144','softmax_bf16_50257_cl','layer_norm_bf16_50257_cl')), m['softmax_262144']" "${out}/manifest.json"
+python3 -c "import json,sys; m={k['name']: k for k in json.load(open(sys.argv[1]))['kernels']}; assert all(m[n]['layout']=='block_per_row' and m[n]['cluster']==1 and m[n]['cached_values']==0 for n in ('softmax_bf16_50257','softmax_50257_l2','softmax_bf16_262144_l2','layer_norm_bf16_50257_l2')), m['softmax_50257_l2']" "${out}/manifest.json"
 echo PASS
