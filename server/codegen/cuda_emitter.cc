@@ -390,7 +390,7 @@ class CudaKernelEmitter : public CpuKernelEmitter {
                                                         cuda_.row_values * 3 / 4))
                      : cuda_.row_values;
     limits.max_cached_values = cuda_.max_cached_values;
-    if (long_rows_ == CudaLongRows::kCluster) limits.l2_row_bytes = 0;
+    if (long_rows_ == CudaLongRows::kBlockPerRow) limits.l2_row_bytes = kL2RowBytes;  // forced: capped grid
     return limits;
   }
 

@@ -625,10 +625,22 @@ TEST(CudaEmitter, ClustersOnlyOnSm90AndForFewLongRowsOrRowsTooLongForABlock) {
   EXPECT_EQ(s80->launches[0].layout, CudaLayout::kBlockPerRow);
   EXPECT_EQ(s80->launches[0].cluster, 1);
   EXPECT_FALSE(absl::StrContains(s80->source.substr(s80->prelude.size()), "cluster"));
-  // The vocabulary softmax: odd length, bf16 (vectors of 8 shifted to each row's alignment).
-  // Rows enough (an unknown count) of 101 KB: one uncached block of 1024 per row, read twice,
-  // with two blocks per SM at most (264 rows in flight fit the L2).
+  // The vocabulary softmax: odd length, bf16 (vectors of 8 shifted to each row's alignment): by
+  // default a cluster (cuda_long_rows.h: the uncached block lost on the H200).
   std::string src = EmitOne(kt::RowSoftmaxBf16(50257), true, &launch);
+  EXPECT_EQ(launch.layout, CudaLayout::kClusterRow);
+  EXPECT_EQ(launch.cluster, 5);
+  // Forced to one uncached block of 1024 per row, read twice, with two blocks per SM at most
+  // (264 rows in flight fit kL2RowBytes).
+  CudaEmitOptions blocks;
+  blocks.include_prelude = false;
+  blocks.long_rows = CudaLongRows::kBlockPerRow;
+  absl::StatusOr<Kernel> vocab_rows = kt::RowSoftmaxBf16(50257);
+  ASSERT_TRUE(vocab_rows.ok());
+  absl::StatusOr<CudaSource> uncached = EmitCudaSource({*vocab_rows}, blocks);
+  ASSERT_TRUE(uncached.ok());
+  launch = uncached->launches[0];
+  src = uncached->kernel_sources[0];
   EXPECT_EQ(launch.layout, CudaLayout::kBlockPerRow);
   EXPECT_EQ(launch.block, 1024);
   EXPECT_EQ(launch.vector_width, 8);

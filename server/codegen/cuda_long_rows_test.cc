@@ -69,8 +69,20 @@ ClusterRowFacts WithBytes(ClusterRowFacts f, int64_t element_bytes) {
   return f;
 }
 
-TEST(ChooseClusterRows, RowsEnoughWhoseRowsFitTheL2StayOneUncachedBlock) {
+ClusterRowLimits WithL2Budget() {
+  ClusterRowLimits limits;
+  limits.l2_row_bytes = kL2RowBytes;
+  return limits;
+}
+
+TEST(ChooseClusterRows, ByDefaultLongRowsTakeClusters) {
   const ClusterRowLimits limits;
+  EXPECT_FALSE(PreferUncachedRows(WithBytes(Facts(50257, int64_t{4096}, 1, 4), 4), limits));
+  EXPECT_TRUE(ChooseClusterRows(WithBytes(Facts(50257, int64_t{4096}, 1, 8), 2), limits));
+}
+
+TEST(ChooseClusterRows, RowsEnoughWhoseRowsFitTheL2StayOneUncachedBlock) {
+  const ClusterRowLimits limits = WithL2Budget();
   // 4096 rows of 50257 (f32 201 KB, bf16 101 KB: 132 rows in flight fit the L2): one block.
   const ClusterRowFacts f32 = WithBytes(Facts(50257, int64_t{4096}, 1, 4), 4);
   const ClusterRowFacts bf16 = WithBytes(Facts(50257, int64_t{4096}, 1, 8), 2);
@@ -99,7 +111,7 @@ TEST(ChooseClusterRows, RowsEnoughWhoseRowsFitTheL2StayOneUncachedBlock) {
 }
 
 TEST(UncachedRowGrid, WholeBlocksPerSmWhoseRowsFitTheL2) {
-  const ClusterRowLimits limits;
+  const ClusterRowLimits limits = WithL2Budget();
   // f32 50257: one 1024-thread block per SM (two would hold 53 MB); bf16: two.
   EXPECT_EQ(UncachedRowGrid(WithBytes(Facts(50257, int64_t{4096}, 1, 4), 4), limits, 1024), 132);
   EXPECT_EQ(UncachedRowGrid(WithBytes(Facts(50257, int64_t{4096}, 1, 8), 2), limits, 1024), 264);
