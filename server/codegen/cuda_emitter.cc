@@ -13,6 +13,7 @@
 #include "kernels/cuda/embedded_headers.h"
 #include "server/codegen/code_writer.h"
 #include "server/codegen/cpu_emitter.h"
+#include "server/codegen/exp_reuse.h"
 #include "server/codegen/cuda_long_rows.h"
 #include "server/kernel/printer.h"
 #include "server/base/status_macros.h"
@@ -55,10 +56,6 @@ Size Product(const std::vector<Size>& sizes) {
   Size p = Size::Const(1);
   for (const Size& s : sizes) p = p * s;
   return p;
-}
-
-std::string AccessKey(const Buffer& b, const Index& index) {
-  return absl::StrCat("b", b.index, "@", kernel::PrintIndex(index));
 }
 
 // The constant stride of `var` in `index` (0 when absent), or nullopt when it is not constant.
@@ -196,21 +193,7 @@ class CudaKernelEmitter : public CpuKernelEmitter {
   }
   std::string BinaryCode(kernel::BinaryOp op, ScalarType t, const std::string& a,
                          const std::string& b) const override {
-    if (op == kernel::BinaryOp::kTrueDiv && (t == ScalarType::kFloat32 || t == ScalarType::kFloat64) &&
-        IsRowDivisor(b)) {
-      // x / s for a row's softmax sum (>= 1, or 0 / NaN) or Welford count (>= 1): x * (1 / s),
-      // the reciprocal computed once per row (common subexpression); within 1.5 ulp of x / s.
-      return absl::StrCat(a, " * (", ValueType(t), "(1) / ", b, ")");
-    }
     return Retarget(CpuKernelEmitter::BinaryCode(op, t, a, b));
-  }
-  static bool IsRowDivisor(const std::string& b) {
-    if (b.rfind("acc", 0) != 0) return false;
-    size_t i = 3;
-    while (i < b.size() && b[i] >= '0' && b[i] <= '9') ++i;
-    if (i == 3) return false;
-    const std::string field = b.substr(i);
-    return field == ".sum" || field == ".count";
   }
   std::string CastCode(ScalarType from, ScalarType to, const std::string& x) const override {
     return Retarget(CpuKernelEmitter::CastCode(from, to, x));
@@ -1257,40 +1240,6 @@ class CudaKernelEmitter : public CpuKernelEmitter {
   // The unmasked load whose register value `e` is exactly: `e` itself, or an f16/bf16 load
   // widened to f32 (both are held as the same float, so a row cache of the load serves the cast);
   // nullptr otherwise.
-  static const ExprNode* HeldLoad(const ExprNode* e) {
-    if (e->kind == ExprKind::kCast && e->type == ScalarType::kFloat32 &&
-        kernel::IsHalfType(e->args[0]->type)) {
-      e = e->args[0].get();
-    }
-    return e->kind == ExprKind::kLoad && e->args.empty() ? e : nullptr;
-  }
-
-  // exp(load `key` - acc<id>.max), the load possibly widened (HeldLoad)?
-  static bool IsExpShift(const ExprNode* e, int id, const std::string& key) {
-    if (e->kind != ExprKind::kUnary || e->unary_op != kernel::UnaryOp::kExp) return false;
-    const ExprNode* d = e->args[0].get();
-    if (d->kind != ExprKind::kBinary || d->binary_op != kernel::BinaryOp::kSub) return false;
-    const ExprNode* x = HeldLoad(d->args[0].get());
-    const ExprNode* m = d->args[1].get();
-    return x != nullptr && AccessKey(x->buffer, x->index) == key && m->kind == ExprKind::kAccRead &&
-           m->acc.id == id && m->field == AccField::kMax;
-  }
-
-  // Collects the exp(x - max) nodes of `e` into `out`; false if the load is read otherwise.
-  static bool OnlyInExpShift(const ExprNode* e, int id, const std::string& key,
-                             std::set<const ExprNode*>* seen, std::vector<const ExprNode*>* out) {
-    if (!seen->insert(e).second) return true;
-    if (IsExpShift(e, id, key)) {
-      out->push_back(e);
-      return true;
-    }
-    if (e->kind == ExprKind::kLoad && AccessKey(e->buffer, e->index) == key) return false;
-    for (const Expr& a : e->args) {
-      if (!OnlyInExpShift(a.get(), id, key, seen, out)) return false;
-    }
-    return true;
-  }
-
   // Plans the exp reuse of every online-softmax two-pass accumulator that may have it.
   void PlanExpReuse() {
     for (auto& [id, tp] : two_pass_) {
@@ -1303,15 +1252,8 @@ class CudaKernelEmitter : public CpuKernelEmitter {
         softmax |= a.id == id && a.kind == AccKind::kOnlineSoftmax;
       }
       if (!softmax) continue;
-      std::set<const ExprNode*> seen;
-      std::vector<const ExprNode*> nodes;
-      bool ok = true;
-      for (size_t p = tp.phase + 1; p < k_.phases.size() && ok; ++p) {
-        for (const Stmt& st : k_.phases[p].stmts) {
-          ok = ok && OnlyInExpShift(st.value.get(), id, tp.key, &seen, &nodes);
-        }
-      }
-      if (ok && !nodes.empty()) tp.exp_nodes = std::move(nodes);
+      absl::optional<std::vector<const ExprNode*>> nodes = ExpShiftNodes(k_, tp.phase + 1, id, tp.key);
+      if (nodes && !nodes->empty()) tp.exp_nodes = std::move(*nodes);
     }
   }
 
