@@ -526,6 +526,7 @@ void CpuKernelEmitter::EmitStmt(const Stmt& s) {
     std::string value = v;
     if (s.buffer.dtype == ScalarType::kBFloat16) value = absl::StrCat("kiln_cpu::f32_to_bf16(", v, ")");
     if (s.buffer.dtype == ScalarType::kFloat16) value = absl::StrCat("kiln_cpu::f32_to_f16(", v, ")");
+    if (s.buffer.dtype == ScalarType::kBool && BoolStoredAsBytes()) value = absl::StrCat("static_cast<uint8_t>(", v, ")");
     w_.Linef("b", s.buffer.index, "[", IndexCode(s.index), "] = ", value, ";");
     return;
   }
@@ -608,6 +609,7 @@ std::string CpuKernelEmitter::LoadCode(const Buffer& b, const std::string& index
   const std::string raw = absl::StrCat("b", b.index, "[", index, "]");
   if (b.dtype == ScalarType::kBFloat16) return absl::StrCat("kiln_cpu::bf16_to_f32(", raw, ")");
   if (b.dtype == ScalarType::kFloat16) return absl::StrCat("kiln_cpu::f16_to_f32(", raw, ")");
+  if (b.dtype == ScalarType::kBool && BoolStoredAsBytes()) return absl::StrCat("(", raw, " != 0)");
   return raw;
 }
 
@@ -692,6 +694,7 @@ std::string CpuKernelEmitter::ValueType(ScalarType t) const {
 }
 
 std::string CpuKernelEmitter::StorageType(ScalarType t) const {
+  if (t == ScalarType::kBool && BoolStoredAsBytes()) return "uint8_t";
   return kernel::IsHalfType(t) ? "uint16_t" : ValueType(t);
 }
 

@@ -89,6 +89,9 @@ class CpuKernelEmitter {
   virtual bool Allows32BitIndices() const { return false; }
   virtual std::string ValueType(kernel::ScalarType t) const;
   virtual std::string StorageType(kernel::ScalarType t) const;
+  // Bool buffers as uint8_t (loads `!= 0`, stores 0/1): g++ does not vectorize a loop that
+  // loads or stores `bool` next to floats ("no vectype"), e.g. a relu mask saved for backward.
+  virtual bool BoolStoredAsBytes() const { return true; }
   virtual std::string ConstCode(const kernel::ExprNode& e) const;
   virtual std::string UnaryCode(kernel::UnaryOp op, kernel::ScalarType t, const std::string& x) const;
   virtual std::string BinaryCode(kernel::BinaryOp op, kernel::ScalarType t, const std::string& a,

@@ -195,6 +195,7 @@ class CudaKernelEmitter : public CpuKernelEmitter {
                          const std::string& b) const override {
     return Retarget(CpuKernelEmitter::BinaryCode(op, t, a, b));
   }
+  bool BoolStoredAsBytes() const override { return false; }  // NVRTC kernels keep `bool`
   std::string CastCode(ScalarType from, ScalarType to, const std::string& x) const override {
     return Retarget(CpuKernelEmitter::CastCode(from, to, x));
   }
