@@ -586,13 +586,7 @@ class CudaKernelEmitter : public CpuKernelEmitter {
     for (int j = 0; j < plan.width; ++j) {
       w_.Open("");
       lane_decl(absl::StrCat(base, " + ", j));
-      lane_ = j;
-      filled_.clear();
-      PushScope();
-      SeedScope();
-      for (const Stmt& s : stmts) EmitCudaStmt(s);
-      PopScope();
-      lane_ = -1;
+      EmitLane(j, stmts);
       w_.Close();
     }
     plan_ = nullptr;
@@ -601,6 +595,18 @@ class CudaKernelEmitter : public CpuKernelEmitter {
                "), ", a.name, ");");
     }
     w_.Close();
+  }
+
+  // The statements for vector lane `j` (its loads and stores through the vector plan), in a scope
+  // of their own.
+  void EmitLane(int j, const std::vector<Stmt>& stmts) {
+    lane_ = j;
+    filled_.clear();
+    PushScope();
+    SeedScope();
+    for (const Stmt& s : stmts) EmitCudaStmt(s);
+    PopScope();
+    lane_ = -1;
   }
 
   void EmitCudaStmt(const Stmt& s) {
@@ -1189,13 +1195,7 @@ class CudaKernelEmitter : public CpuKernelEmitter {
       w_.Linef("const idx_t kiln_r = kiln_rb + ", j, ";");
       w_.Open(absl::StrCat("if (kiln_r >= 0 && kiln_r < ", total, ")"));
       w_.Line("const idx_t r0 = kiln_r;");
-      lane_ = j;
-      filled_.clear();
-      PushScope();
-      SeedScope();
-      for (const Stmt& s : stmts) EmitCudaStmt(s);
-      PopScope();
-      lane_ = -1;
+      EmitLane(j, stmts);
       w_.Close();
       w_.Close();
     }

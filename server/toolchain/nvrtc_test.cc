@@ -10,6 +10,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "server/toolchain/nvrtc_testing.h"
 
 namespace kiln::toolchain {
 namespace {
@@ -21,36 +22,11 @@ extern "C" __global__ void kiln_saxpy(float a, const float* x, float* y, int n) 
 }
 )";
 
-NvrtcOptions Options() {
-  NvrtcOptions o;
-  o.worker = absl::StrCat(getenv("TEST_SRCDIR"), "/", getenv("TEST_WORKSPACE"),
-                          "/server/toolchain/kiln_nvrtc_worker");
-#ifdef __SANITIZE_ADDRESS__
-  o.memory_limit_bytes = 0;  // an ASan-built worker reserves terabytes of address space
-#endif
-  return o;
-}
-
-// NVRTC is optional on a developer's machine but required in CI (scripts/test.sh installs it and
-// sets KILN_REQUIRE_NVRTC=1): a missing NVRTC is then a failure, never a silent pass.
-bool HaveNvrtc() {
-  absl::StatusOr<std::string> v = NvrtcVersion(Options());
-  if (v.ok()) return true;
-  const char* required = getenv("KILN_REQUIRE_NVRTC");
-  if (required != nullptr && std::string(required) == "1") {
-    ADD_FAILURE() << "NVRTC is required here but not usable: " << v.status();
-  } else {
-    fprintf(stderr, "\n*** NVRTC NOT FOUND: CUDA compile tests are SKIPPED: %s ***\n\n",
-            std::string(v.status().message()).c_str());
-  }
-  return false;
-}
-
-uint16_t ElfMachine(const std::string& elf) {
-  uint16_t m = 0;
-  memcpy(&m, elf.data() + 18, 2);
-  return m;
-}
+// The worker from runfiles, NVRTC from KILN_NVRTC_PATH; a missing NVRTC fails under
+// KILN_REQUIRE_NVRTC=1 (CI) and is skipped loudly otherwise (nvrtc_testing.h).
+NvrtcOptions Options() { return testing::TestNvrtcOptions(); }
+using testing::ElfMachine;
+using testing::HaveNvrtc;
 
 TEST(NvrtcTest, ReportsItsVersion) {
   if (!HaveNvrtc()) GTEST_SKIP() << "NVRTC not found";

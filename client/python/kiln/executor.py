@@ -282,6 +282,11 @@ class PlanExecutor:
             module = self._runtime.load(binary.data)
             self._modules[step.binary] = module
         kernel = module.add_kernel(step.symbol)
+        self._check_kernel_args(where, step)
+        return (module, kernel, list(step.args), list(step.scalar_args))
+
+    def _check_kernel_args(self, where, step):
+        """A kernel step's values and symbols exist; its values are read by a kernel."""
         for a in step.args:
             if not 0 <= a < len(self.values):
                 raise PlanError(f"{where}: argument v{a} does not exist")
@@ -289,7 +294,6 @@ class PlanExecutor:
         for s in step.scalar_args:
             if not 0 <= s < len(self.graph.symbols):
                 raise PlanError(f"{where}: scalar argument {s} is not a symbol of the graph")
-        return (module, kernel, list(step.args), list(step.scalar_args))
 
     def _load_cuda_kernel(self, index, step):
         where = f"step {index} (kernel {step.symbol})"
@@ -310,13 +314,7 @@ class PlanExecutor:
                 raise PlanError(f"{where}: {name} {list(dims)}: only the x dimension may exceed 1")
         if not 0 <= step.shared_bytes < (1 << 32):
             raise PlanError(f"{where}: shared_bytes = {step.shared_bytes}")
-        for a in step.args:
-            if not 0 <= a < len(self.values):
-                raise PlanError(f"{where}: argument v{a} does not exist")
-            self._kernel_consumers.add(a)
-        for s in step.scalar_args:
-            if not 0 <= s < len(self.graph.symbols):
-                raise PlanError(f"{where}: scalar argument {s} is not a symbol of the graph")
+        self._check_kernel_args(where, step)
         return CudaLaunchSpec(step.binary, step.symbol, tuple(step.args), tuple(step.scalar_args),
                               int(step.grid[0]), int(step.block[0]), int(step.shared_bytes))
 
