@@ -3,12 +3,8 @@
 // kernel must verify and each plan must be self-consistent (the checks below restate the plan
 // semantics of server/lower/plan_builder.h). The per-graph summary is printed for diffing by hand.
 
-#include <dirent.h>
-
 #include <algorithm>
-#include <fstream>
 #include <iostream>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -17,6 +13,7 @@
 #include "gtest/gtest.h"
 #include "kiln/v1/compiler.pb.h"
 #include "server/codegen/cpu_emitter.h"
+#include "server/compiler/test_util.h"
 #include "server/graph/graph_path.h"
 #include "server/kernel/verifier.h"
 #include "server/lower/fuse.h"
@@ -90,24 +87,12 @@ std::string CheckPlan(const v1::Plan& plan, const KernelSet& ks) {
 }
 
 TEST(CorpusReplayTest, EveryCapturedGraphLowersFusesAndPlans) {
-  const std::string dir = "server/graph/testdata/";
-  std::vector<std::string> files;
-  if (DIR* d = opendir(dir.c_str())) {
-    while (dirent* e = readdir(d)) {
-      if (absl::EndsWith(e->d_name, ".binpb")) files.push_back(e->d_name);
-    }
-    closedir(d);
-  }
-  std::sort(files.begin(), files.end());
-  ASSERT_GE(files.size(), 20u);
+  const auto captured = compiler::testing::CapturedRequests();
+  ASSERT_GE(captured.size(), 20u);
   int compiled = 0;
   std::string summary;
-  for (const std::string& f : files) {
-    std::ifstream in(dir + f, std::ios::binary);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    v1::CompileRequest req;
-    ASSERT_TRUE(req.ParseFromString(ss.str())) << f;
+  for (const auto& [f, captured_request] : captured) {
+    v1::CompileRequest req = captured_request;
     req.mutable_target()->Clear();
     req.mutable_target()->set_device(v1::DEVICE_KIND_CPU);
     req.mutable_target()->set_cpu_isa("x86-64");

@@ -6,8 +6,6 @@
 
 #include "server/compiler/cuda_compiler.h"
 
-#include <dirent.h>
-
 #include <algorithm>
 #include <fstream>
 #include <iostream>
@@ -19,6 +17,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "server/compiler/test_util.h"
 #include "server/graph/graph_path.h"
 #include "server/graph/test_graphs.h"
 #include "server/toolchain/nvrtc_testing.h"
@@ -172,23 +171,11 @@ TEST(CudaCompilerTest, MissingNvrtcIsFailedPrecondition) {
 
 TEST(CudaCompilerTest, EveryCapturedGraphCompiles) {
   if (!HaveNvrtc()) GTEST_SKIP() << "NVRTC not found";
-  const std::string dir = "server/graph/testdata/";
-  std::vector<std::string> files;
-  if (DIR* d = opendir(dir.c_str())) {
-    while (dirent* e = readdir(d)) {
-      if (absl::EndsWith(e->d_name, ".binpb")) files.push_back(e->d_name);
-    }
-    closedir(d);
-  }
-  std::sort(files.begin(), files.end());
-  ASSERT_GE(files.size(), 40u);
+  const auto captured = testing::CapturedRequests();
+  ASSERT_GE(captured.size(), 40u);
   int compiled = 0;
-  for (const std::string& f : files) {
-    std::ifstream in(dir + f, std::ios::binary);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    v1::CompileRequest req;
-    ASSERT_TRUE(req.ParseFromString(ss.str())) << f;
+  for (const auto& [f, captured_request] : captured) {
+    v1::CompileRequest req = captured_request;
     auto r = CompileFor(req, "sm_90");
     if (!r.ok()) {
       EXPECT_EQ(r.status().code(), absl::StatusCode::kUnimplemented) << f << ": " << r.status();

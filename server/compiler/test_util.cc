@@ -1,6 +1,11 @@
 #include "server/compiler/test_util.h"
 
+#include <dirent.h>
+
+#include <algorithm>
 #include <cmath>
+#include <fstream>
+#include <sstream>
 #include <random>
 #include <utility>
 
@@ -102,5 +107,28 @@ float RoundBf16(float f) {
   return static_cast<float>(t.Get(0));
 }
 
+
+std::vector<std::pair<std::string, ::kiln::v1::CompileRequest>> CapturedRequests() {
+  const std::string dir = "server/graph/testdata/";
+  std::vector<std::string> files;
+  if (DIR* d = opendir(dir.c_str())) {
+    while (dirent* e = readdir(d)) {
+      const std::string name = e->d_name;
+      if (name.size() > 6 && name.compare(name.size() - 6, 6, ".binpb") == 0) files.push_back(name);
+    }
+    closedir(d);
+  }
+  std::sort(files.begin(), files.end());
+  std::vector<std::pair<std::string, ::kiln::v1::CompileRequest>> out;
+  for (const std::string& f : files) {
+    std::ifstream in(dir + f, std::ios::binary);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    ::kiln::v1::CompileRequest req;
+    EXPECT_TRUE(req.ParseFromString(ss.str())) << f;
+    out.emplace_back(f, std::move(req));
+  }
+  return out;
+}
 
 }  // namespace kiln::compiler::testing

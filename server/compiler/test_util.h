@@ -5,6 +5,8 @@
 // a C++ reference for the extern steps (mm, addmm), and comparisons at float32 tolerance.
 
 #include <cstdint>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -37,6 +39,10 @@ void ExpectNear(const std::vector<double>& got, const std::vector<double>& want,
 std::vector<double> MatMul(const std::vector<double>& a, const std::vector<double>& b, int m, int k, int n);
 std::vector<double> Transpose(const std::vector<double>& a, int m, int n);
 float RoundBf16(float f);
+
+// Every captured request of server/graph/testdata (*.binpb, data "//server/graph:testdata_graphs"),
+// sorted by file name, with that name; a file that does not parse is a test failure.
+std::vector<std::pair<std::string, ::kiln::v1::CompileRequest>> CapturedRequests();
 
 }  // namespace kiln::compiler::testing
 
