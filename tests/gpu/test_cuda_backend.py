@@ -32,6 +32,7 @@ sys.path.insert(0, str(REPO / "client" / "python"))
 
 import kiln  # noqa: E402
 import kiln.backend  # noqa: E402
+from kilnd_server import fresh_kiln  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -68,13 +69,7 @@ def server():
 
 @pytest.fixture(autouse=True)
 def fresh(monkeypatch):
-    for var in ("KILN_SERVER", "KILN_FALLBACK", "KILN_CACHE_ONLY", "KILN_DEBUG", "KILN_CUDA_GRAPHS"):
-        monkeypatch.delenv(var, raising=False)
-    torch._dynamo.reset()
-    kiln.backend.reset()
-    kiln.reset_stats()
-    yield
-    torch._dynamo.reset()
+    yield from fresh_kiln(monkeypatch)
 
 
 class MLP(torch.nn.Module):

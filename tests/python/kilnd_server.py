@@ -12,6 +12,29 @@ import pytest
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
+# The client options (kiln/options.py) the backend suites clear before each test, so that a
+# developer's environment cannot change what they test.
+CLIENT_ENV = ("KILN_SERVER", "KILN_FALLBACK", "KILN_CACHE_ONLY", "KILN_DEBUG", "KILN_DEBUG_DIR",
+              "KILN_CUDA_GRAPHS", "KILN_CPU_ISA", "KILN_DETERMINISTIC", "KILN_DISABLE_FUSION")
+
+
+def fresh_kiln(monkeypatch):
+    """Body of an autouse fixture (`yield from fresh_kiln(monkeypatch)`): CLIENT_ENV unset, Dynamo,
+    kiln's backend and kiln's stats reset before the test, Dynamo again after it."""
+    import torch
+
+    import kiln
+    import kiln.backend
+
+    for var in CLIENT_ENV:
+        monkeypatch.delenv(var, raising=False)
+    torch._dynamo.reset()
+    kiln.backend.reset()
+    kiln.reset_stats()
+    yield
+    torch._dynamo.reset()
+
+
 def kilnd_path() -> str:
     path = os.environ.get("KILND") or str(REPO / "bazel-bin" / "server" / "kilnd")
     if not os.access(path, os.X_OK):

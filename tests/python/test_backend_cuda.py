@@ -16,7 +16,7 @@ from kiln import executor, proto, testing
 from kiln.executor import PlanExecutor
 from kiln.precompiler import _capture, _meta_clone, _to_meta, parse_target, rewrite_devices
 from kiln.rpc import KilnClient
-from kilnd_server import Kilnd
+from kilnd_server import Kilnd, fresh_kiln
 from test_precompile import MLP, nvrtc_library
 
 logging.getLogger("torch.__trace").addFilter(lambda record: False)
@@ -26,13 +26,7 @@ SM90 = proto.Target(device=proto.DEVICE_KIND_CUDA, cuda_arch="sm_90")
 
 @pytest.fixture(autouse=True)
 def fresh(monkeypatch):
-    for var in ("KILN_SERVER", "KILN_FALLBACK", "KILN_CACHE_ONLY", "KILN_DEBUG", "KILN_CUDA_GRAPHS"):
-        monkeypatch.delenv(var, raising=False)
-    torch._dynamo.reset()
-    kiln.backend.reset()
-    kiln.reset_stats()
-    yield
-    torch._dynamo.reset()
+    yield from fresh_kiln(monkeypatch)
 
 
 def f(x):

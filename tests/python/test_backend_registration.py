@@ -15,7 +15,7 @@ import kiln
 import kiln.backend
 from kiln import proto, testing
 from kiln.rpc import KilnClient
-from kilnd_server import Kilnd
+from kilnd_server import Kilnd, fresh_kiln
 
 logging.getLogger("torch.__trace").addFilter(lambda record: False)
 
@@ -29,13 +29,7 @@ def server():
 
 @pytest.fixture(autouse=True)
 def fresh(monkeypatch):
-    for var in ("KILN_SERVER", "KILN_FALLBACK", "KILN_CACHE_ONLY", "KILN_DEBUG", "KILN_DEBUG_DIR"):
-        monkeypatch.delenv(var, raising=False)
-    torch._dynamo.reset()
-    kiln.backend.reset()
-    kiln.reset_stats()
-    yield
-    torch._dynamo.reset()
+    yield from fresh_kiln(monkeypatch)
 
 
 def server_requests(address):

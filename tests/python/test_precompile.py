@@ -16,7 +16,7 @@ import kiln.backend
 from kiln import proto
 from kiln.precompiler import parse_target, rewrite_devices
 from kiln.rpc import KilnClient
-from kilnd_server import Kilnd
+from kilnd_server import Kilnd, fresh_kiln
 
 MODEL = textwrap.dedent("""
     import torch
@@ -62,14 +62,7 @@ CHILD = MODEL + textwrap.dedent("""
 
 @pytest.fixture(autouse=True)
 def fresh(monkeypatch):
-    for var in ("KILN_SERVER", "KILN_FALLBACK", "KILN_CACHE_ONLY", "KILN_DEBUG", "KILN_CPU_ISA",
-                "KILN_DETERMINISTIC", "KILN_DISABLE_FUSION"):
-        monkeypatch.delenv(var, raising=False)
-    torch._dynamo.reset()
-    kiln.backend.reset()
-    kiln.reset_stats()
-    yield
-    torch._dynamo.reset()
+    yield from fresh_kiln(monkeypatch)
 
 
 @pytest.fixture(scope="module")
