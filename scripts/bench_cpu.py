@@ -273,18 +273,14 @@ class Kilnd:
         self.proc = subprocess.Popen([self.binary, f"--listen={self.address}",
                                       f"--cache_dir={os.path.join(tmp, 'kiln-cache')}", "--log_level=warn"],
                                      stdout=self._log, stderr=self._log)
-        from kiln.rpc import KilnClient
+        from kiln.server import health as server_health
 
         deadline = time.time() + 30
         while True:
             if self.proc.poll() is not None:
                 sys.exit(f"kilnd exited at startup:\n{open(self.log_path).read()}")
-            try:
-                with KilnClient(self.address) as c:
-                    if c.health(timeout=2) == "SERVING":
-                        return
-            except Exception:
-                pass
+            if server_health(self.address) == "SERVING":
+                return
             if time.time() > deadline:
                 self.stop()
                 sys.exit(f"kilnd did not become SERVING within 30 s:\n{open(self.log_path).read()}")

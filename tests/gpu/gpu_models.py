@@ -166,20 +166,15 @@ class Kilnd:
                                      start_new_session=True)
         self.address = want if listen == "unix" else None
         deadline = time.time() + 60
-        from kiln.rpc import KilnClient
+        from kiln.server import health as server_health
 
         while True:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"kilnd exited at startup (status {self.proc.returncode}):\n{self.log_tail()}")
             if self.address is None:
                 self.address = self._listening_address()
-            if self.address is not None:
-                try:
-                    with KilnClient(self.address) as c:
-                        if c.health(timeout=2) == "SERVING":
-                            break
-                except Exception:
-                    pass
+            if self.address is not None and server_health(self.address) == "SERVING":
+                break
             if time.time() > deadline:
                 self.stop()
                 raise RuntimeError(f"kilnd did not become SERVING within 60 s:\n{self.log_tail()}")
