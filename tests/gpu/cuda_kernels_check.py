@@ -23,11 +23,13 @@ import ctypes
 import json
 import math
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
 import traceback
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gpu_models as gm  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -122,17 +124,7 @@ def build_runtime(out_dir):
 
 def cuda_time_ms(torch, fn, iters, warmup=3):
     """Median GPU time of fn() in ms: events around each call, enqueued back to back."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-    for s, e in zip(starts, ends):
-        s.record()
-        fn()
-        e.record()
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
+    return gm.time_calls(fn, "cuda", iters, warmup)[0]
 
 
 def torch_op(torch, spec):
