@@ -32,7 +32,7 @@
 namespace kiln::compiler {
 
 // Bump when lowering, fusion, planning or launch rules change generated code or plans.
-inline constexpr char kCudaCompilerVersion[] = "kiln-cuda-compiler/5";  // 3: channels-last around convolutions; 4: shifted odd rows, split few-output reductions; 5: long rows uncached with pass 2 from L2
+inline constexpr char kCudaCompilerVersion[] = "kiln-cuda-compiler/6";  // 3: channels-last around convolutions; 4: shifted odd rows, split few-output reductions; 5: long rows uncached with pass 2 from L2; 6: channels-last through poolings
 
 struct CudaCompilerOptions {
   toolchain::NvrtcOptions nvrtc;  // library, worker, time and memory limits per compile

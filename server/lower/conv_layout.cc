@@ -12,32 +12,80 @@ namespace {
 
 constexpr char kConvolution[] = "aten.convolution.default";
 
+// Steps that read a channels-last input (argument 0) as well as an NCHW one and return their
+// 4-D results channels-last for it: torch's CUDA convolution and pooling kernels follow the
+// input's suggested memory format.
+bool FollowsInputLayout(const std::string& target) {
+  return target == kConvolution || target == "aten.max_pool2d_with_indices.default" ||
+         target == "aten.avg_pool2d.default" || target == "aten._adaptive_avg_pool2d.default";
+}
+
 bool IsFloat4d(const LValue& v) {
   return v.sizes.size() == 4 && (v.dtype == k::ScalarType::kFloat32 || v.dtype == k::ScalarType::kFloat16 ||
                                  v.dtype == k::ScalarType::kBFloat16);
 }
 
-// Reads of `v` allow any layout: kernels read through strides; steps only as a convolution input;
-// no views (their strides were derived from the base's recorded ones).
-bool ReadersAllowChannelsLast(const OpGraph& g, int32_t v, bool* read_by_conv, std::string* why) {
-  *read_by_conv = false;
-  for (int32_t u : g.value_users[v]) {
-    if (g.values[u].kind == ValueKind::kView) {
-      *why = "a view reads it";
-      return false;
+class LayoutRules {
+ public:
+  explicit LayoutRules(const OpGraph& g)
+      : g_(g), outputs_(g.outputs.begin(), g.outputs.end()), step_ok_(g.steps.size(), kUnknown) {}
+
+  bool IsGraphOutput(int32_t v) const { return outputs_.count(v) > 0; }
+
+  // Reads of `v` allow any layout: kernels read through strides; steps only as the input of a
+  // convolution or pooling whose results may follow (StepResultsMayFollow); no views (their
+  // strides were derived from the base's recorded ones). *by_step: a step reads it.
+  bool ReadersAllow(int32_t v, bool* by_step, std::string* why) {
+    *by_step = false;
+    for (int32_t u : g_.value_users[v]) {
+      if (g_.values[u].kind == ValueKind::kView) {
+        *why = "a view reads it";
+        return false;
+      }
     }
-  }
-  for (int32_t s : g.step_users[v]) {
-    const ExternStep& st = g.steps[s];
-    if (st.target != kConvolution || st.inputs.empty() || st.inputs[0] != v ||
-        std::count(st.inputs.begin(), st.inputs.end(), v) != 1) {
-      *why = "step " + st.target + " reads it";
-      return false;
+    for (int32_t s : g_.step_users[v]) {
+      const ExternStep& st = g_.steps[s];
+      if (!FollowsInputLayout(st.target) || st.inputs.empty() || st.inputs[0] != v ||
+          std::count(st.inputs.begin(), st.inputs.end(), v) != 1) {
+        *why = "step " + st.target + " reads it";
+        return false;
+      }
+      if (!StepResultsMayFollow(s)) {
+        *why = "step " + st.target + " reads it and its result must keep the recorded strides";
+        return false;
+      }
+      *by_step = true;
     }
-    *read_by_conv = true;
+    return true;
   }
-  return true;
-}
+
+  // Whether every 4-D result of step `s` may become channels-last, as torch will return it for a
+  // channels-last input: none is a graph output and their readers allow it. A channels-last input
+  // is only chosen when this holds, so the plan states the strides torch returns (a view of a
+  // result with other strides than the plan's would read the wrong elements).
+  bool StepResultsMayFollow(int32_t s) {
+    if (step_ok_[s] != kUnknown) return step_ok_[s] == kYes;
+    step_ok_[s] = kNo;  // values only read values with larger ids: no cycles; this is the default
+    bool ok = true;
+    for (int32_t o : g_.steps[s].outputs) {
+      if (o < 0 || g_.values[o].sizes.size() != 4) continue;
+      bool by_step = false;
+      std::string why;
+      if (IsGraphOutput(o) || g_.values[o].storage_offset != 0 || !ReadersAllow(o, &by_step, &why)) {
+        ok = false;
+        break;
+      }
+    }
+    step_ok_[s] = ok ? kYes : kNo;
+    return ok;
+  }
+
+ private:
+  enum State : int8_t { kUnknown, kYes, kNo };
+  const OpGraph& g_;
+  const std::set<int32_t> outputs_;
+  std::vector<State> step_ok_;
+};
 
 void SetChannelsLast(LValue* v) {
   const int64_t c = std::max<int64_t>(v->sizes[1], 1), h = std::max<int64_t>(v->sizes[2], 1),
@@ -50,38 +98,61 @@ void SetChannelsLast(LValue* v) {
 }  // namespace
 
 int ChooseConvLayouts(OpGraph* g) {
-  bool any_conv = false;
+  bool any_conv = false;  // pooling alone is not worth a layout change
   for (const ExternStep& st : g->steps) any_conv |= st.target == kConvolution;
   if (!any_conv) return 0;
-  const std::set<int32_t> outputs(g->outputs.begin(), g->outputs.end());
+  LayoutRules rules(*g);
   std::vector<bool> nhwc(g->values.size(), false);
   int changed = 0;
-  // Values only read values with smaller ids: one pass in id order sees a convolution's input
-  // decided before its output.
+  // Values only read values with smaller ids: one pass in id order sees a step's input decided
+  // before its results.
   for (LValue& v : g->values) {
     if (v.kind != ValueKind::kPointwise && v.kind != ValueKind::kRowOutput && v.kind != ValueKind::kStepOutput) continue;
-    if (!IsFloat4d(v) || outputs.count(v.id)) continue;
-    if (v.storage_offset != 0) continue;
-    bool by_conv = false;
-    std::string why;
+    if (v.sizes.size() != 4 || rules.IsGraphOutput(v.id) || v.storage_offset != 0) continue;
     if (v.kind == ValueKind::kStepOutput) {
+      // Every 4-D result of a channels-last input comes back channels-last (max_pool2d's indices
+      // too); choosing that input checked that the results may (StepResultsMayFollow).
       const ExternStep& producer = g->steps[v.step];
-      if (producer.target != kConvolution || producer.inputs.empty() || !nhwc[producer.inputs[0]] ||
-          producer.outputs.size() != 1) {
+      if (!FollowsInputLayout(producer.target) || producer.inputs.empty() || !nhwc[producer.inputs[0]]) continue;
+    } else {
+      bool by_step = false;
+      std::string why;
+      if (!IsFloat4d(v) || !rules.ReadersAllow(v.id, &by_step, &why)) {
+        if (!why.empty()) spdlog::debug("layout: v{} ({}) stays as recorded: {}", v.id, v.op, why);
         continue;
       }
-      if (!ReadersAllowChannelsLast(*g, v.id, &by_conv, &why)) {
-        spdlog::debug("layout: v{} ({}) stays as recorded although its input is channels-last: {}", v.id, v.op, why);
-        continue;
+      // Read by kernels only (stored for a windowed read such as max_pool2d's, or for several
+      // readers): it follows a channels-last input of its shape instead of transposing.
+      bool follows_input = false;
+      if (!by_step && v.kind == ValueKind::kPointwise) {
+        for (int32_t in : v.inputs) follows_input |= nhwc[in] && g->values[in].sizes == v.sizes;
       }
-    } else if (!ReadersAllowChannelsLast(*g, v.id, &by_conv, &why) || !by_conv) {
-      if (!why.empty()) spdlog::debug("layout: v{} ({}) stays as recorded: {}", v.id, v.op, why);
-      continue;
+      if (!by_step && !follows_input) continue;
     }
     SetChannelsLast(&v);
     nhwc[v.id] = true;
     ++changed;
     spdlog::debug("layout: v{} ({}) channels-last", v.id, v.op);
+  }
+  // Weights (argument 1) written by kernels (autocast's casts of the parameters) follow their
+  // convolutions' channels-last inputs: torch would otherwise copy them to channels-last per call.
+  for (LValue& v : g->values) {
+    if (v.kind != ValueKind::kPointwise && v.kind != ValueKind::kRowOutput) continue;
+    if (nhwc[v.id] || !IsFloat4d(v) || rules.IsGraphOutput(v.id) || v.storage_offset != 0) continue;
+    if (g->step_users[v.id].empty()) continue;
+    bool weight_of_nhwc_convs = true;
+    for (int32_t u : g->value_users[v.id]) weight_of_nhwc_convs &= g->values[u].kind != ValueKind::kView;
+    for (int32_t s : g->step_users[v.id]) {
+      const ExternStep& st = g->steps[s];
+      weight_of_nhwc_convs &= st.target == kConvolution && st.inputs.size() >= 2 && st.inputs[1] == v.id &&
+                              st.inputs[0] != v.id && nhwc[st.inputs[0]] &&
+                              std::count(st.inputs.begin(), st.inputs.end(), v.id) == 1;
+    }
+    if (!weight_of_nhwc_convs) continue;
+    SetChannelsLast(&v);
+    nhwc[v.id] = true;
+    ++changed;
+    spdlog::debug("layout: v{} ({}) channels-last (weight of channels-last convolutions)", v.id, v.op);
   }
   return changed;
 }

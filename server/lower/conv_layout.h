@@ -6,15 +6,27 @@
 //
 // Contract. Changes only the strides (and the meta's strides) of values whose layout is kiln's own
 // choice; everything that reads or writes them (kernels, the plan, the client) follows the strides
-// of the op graph. A 4-D floating value becomes channels-last (strides C*H*W... in N, H, W, C
-// order) when
-//   * a kernel computes it (kPointwise, kRowOutput), it is read by at least one convolution (as
-//     the input, argument 0), every step that reads it is such a convolution, no view reads it,
-//     and it is not a graph output (outputs keep the strides the graph states); or
-//   * a convolution produces it (kStepOutput) from a channels-last input (torch then returns it
-//     channels-last), with the same conditions on its readers, or no step reading it at all.
-// Graph inputs, constants, outputs and views never change. Every decision is logged at debug
-// level. Returns how many values changed.
+// of the op graph. Convolutions and poolings (max_pool2d_with_indices, avg_pool2d,
+// _adaptive_avg_pool2d: "layout-following steps") return channels-last results for a
+// channels-last input on CUDA. Only graphs with a convolution change. A 4-D value becomes
+// channels-last (strides C*H*W... in N, H, W, C order) when
+//   * a kernel computes it (kPointwise, kRowOutput) in a floating type, at least one
+//     layout-following step reads it (as argument 0), every step that reads it is such a step
+//     whose 4-D results may follow (below), no view reads it, and it is not a graph output
+//     (outputs keep the strides the graph states); or
+//   * a kernel computes it (kPointwise) in a floating type, only kernels read it (it is stored
+//     for a windowed read such as max_pool2d's, or for several readers), it is not a graph
+//     output, and one of its inputs of the same sizes is channels-last: it follows that input
+//     rather than transposing; or
+//   * a layout-following step produces it from a channels-last input: torch returns it
+//     channels-last (max_pool2d's indices too); or
+//   * a kernel computes it in a floating type, only convolutions whose input is channels-last
+//     read it, each as its weight (argument 1; autocast's casts of parameters), no view reads
+//     it, and it is not a graph output (torch would copy an NCHW weight to NHWC per call).
+// A step's results may follow when none is a graph output or has a storage offset and their
+// readers allow it by the first rule's conditions (kernels, layout-following steps, no views), so
+// the plan always states the strides torch returns. Graph inputs, constants, outputs and views
+// never change. Every decision is logged at debug level. Returns how many values changed.
 
 #include "server/lower/op_graph.h"
 

@@ -84,5 +84,106 @@ TEST(ConvLayoutTest, ValuesReadOtherwiseKeepTheirStrides) {
   EXPECT_EQ(ChooseConvLayouts(&*ops), 0);
 }
 
+std::vector<v1::Argument> MaxPoolArgs(const std::string& x) {
+  return {Ref(x), Ints({3, 3}), Ints({2, 2}), Ints({1, 1})};
+}
+
+TEST(ConvLayoutTest, LoweredPoolingFollowsItsChannelsLastInput) {
+  // ResNet's stem as kiln lowers it: the pooling is a kernel reading relu through masked loads,
+  // so relu is stored; it follows conv1's channels-last result (no transposes), and the pooled
+  // value, read by conv2, is channels-last too.
+  GraphBuilder b;
+  b.Input("x", Cu({2, 8, 8, 8})).Input("w0", Cu({8, 8, 3, 3})).Input("w1", Cu({16, 8, 3, 3}))
+      .Input("w2", Cu({16, 16, 3, 3}))
+      .Call("x2", "aten.relu.default", {Ref("x")}, Cu({2, 8, 8, 8}))
+      .Call("conv1", "aten.convolution.default", ConvArgs("x2", "w1"), Cu({2, 16, 8, 8}))
+      .Call("relu", "aten.relu.default", {Ref("conv1")}, Cu({2, 16, 8, 8}))
+      .Call("pool", "aten.max_pool2d_with_indices.default", MaxPoolArgs("relu"),
+            Tuple({Cu({2, 16, 4, 4}), Cu({2, 16, 4, 4}, v1::DTYPE_INT64)}))
+      .Call("pooled", "operator.getitem", {Ref("pool"), I(0)}, Cu({2, 16, 4, 4}))
+      .Call("conv2", "aten.convolution.default", ConvArgs("pooled", "w2"), Cu({2, 16, 4, 4}))
+      .Call("relu_1", "aten.relu.default", {Ref("conv2")}, Cu({2, 16, 4, 4}))
+      .Output({"relu_1"});
+  const v1::CompileRequest req = CudaRequest(b);
+  auto prepared = graph::PrepareGraph(req, graph::GraphLimits(), graph::CompilerIdentity());
+  ASSERT_TRUE(prepared.ok()) << prepared.status();
+  auto ops = LowerGraph(prepared->graph, prepared->fallback_nodes);
+  ASSERT_TRUE(ops.ok()) << ops.status();
+  ChooseConvLayouts(&*ops);
+  EXPECT_EQ(StridesOfNode(*ops, "conv1"), std::vector<int64_t>({1024, 1, 128, 16}));
+  EXPECT_EQ(StridesOfNode(*ops, "relu"), std::vector<int64_t>({1024, 1, 128, 16}));
+  EXPECT_EQ(StridesOfNode(*ops, "pooled"), std::vector<int64_t>({256, 1, 64, 16}));
+}
+
+TEST(ConvLayoutTest, PoolingStepsBetweenConvolutionsKeepChannelsLast) {
+  // conv -> relu -> avg_pool2d (a torch step) -> conv -> relu (output). The relu read by the
+  // pooling becomes channels-last, and so does the pooling's result.
+  GraphBuilder b;
+  b.Input("x", Cu({2, 8, 8, 8})).Input("w1", Cu({16, 8, 3, 3})).Input("w2", Cu({16, 16, 3, 3}))
+      .Call("conv1", "aten.convolution.default", ConvArgs("x", "w1"), Cu({2, 16, 8, 8}))
+      .Call("relu", "aten.relu.default", {Ref("conv1")}, Cu({2, 16, 8, 8}))
+      .Call("pooled", "aten.avg_pool2d.default", {Ref("relu"), Ints({2, 2})}, Cu({2, 16, 4, 4}))
+      .Call("conv2", "aten.convolution.default", ConvArgs("pooled", "w2"), Cu({2, 16, 4, 4}))
+      .Call("relu_1", "aten.relu.default", {Ref("conv2")}, Cu({2, 16, 4, 4}))
+      .Output({"relu_1"});
+  const v1::CompileRequest req = CudaRequest(b);
+  auto prepared = graph::PrepareGraph(req, graph::GraphLimits(), graph::CompilerIdentity());
+  ASSERT_TRUE(prepared.ok()) << prepared.status();
+  auto ops = LowerGraph(prepared->graph, prepared->fallback_nodes);
+  ASSERT_TRUE(ops.ok()) << ops.status();
+  ChooseConvLayouts(&*ops);
+  EXPECT_EQ(StridesOfNode(*ops, "relu"), std::vector<int64_t>({1024, 1, 128, 16}));
+  EXPECT_EQ(StridesOfNode(*ops, "pooled"), std::vector<int64_t>({256, 1, 64, 16}));
+  EXPECT_EQ(StridesOfNode(*ops, "conv2"), std::vector<int64_t>({256, 1, 64, 16}));
+  EXPECT_EQ(StridesOfNode(*ops, "relu_1"), std::vector<int64_t>({256, 16, 4, 1}));
+}
+
+TEST(ConvLayoutTest, KernelWrittenWeightsOfChannelsLastConvolutionsFollow) {
+  // Autocast: the weight is cast by a kernel; it follows conv2's channels-last input, while the
+  // cast weight of conv1 (input x, NCHW) keeps its strides.
+  GraphBuilder b;
+  b.Input("x", Cu({2, 8, 6, 6})).Input("w1", Cu({16, 8, 3, 3}, v1::DTYPE_FLOAT32))
+      .Input("w2", Cu({16, 16, 3, 3}, v1::DTYPE_FLOAT32))
+      .Call("w1h", "aten._to_copy.default", {Ref("w1")}, Cu({16, 8, 3, 3}), {{"dtype", Dt(v1::DTYPE_BFLOAT16)}})
+      .Call("w2h", "aten._to_copy.default", {Ref("w2")}, Cu({16, 16, 3, 3}), {{"dtype", Dt(v1::DTYPE_BFLOAT16)}})
+      .Call("conv1", "aten.convolution.default", ConvArgs("x", "w1h"), Cu({2, 16, 6, 6}))
+      .Call("relu", "aten.relu.default", {Ref("conv1")}, Cu({2, 16, 6, 6}))
+      .Call("conv2", "aten.convolution.default", ConvArgs("relu", "w2h"), Cu({2, 16, 6, 6}))
+      .Call("relu_1", "aten.relu.default", {Ref("conv2")}, Cu({2, 16, 6, 6}))
+      .Output({"relu_1"});
+  const v1::CompileRequest req = CudaRequest(b);
+  auto prepared = graph::PrepareGraph(req, graph::GraphLimits(), graph::CompilerIdentity());
+  ASSERT_TRUE(prepared.ok()) << prepared.status();
+  auto ops = LowerGraph(prepared->graph, prepared->fallback_nodes);
+  ASSERT_TRUE(ops.ok()) << ops.status();
+  EXPECT_EQ(ChooseConvLayouts(&*ops), 3);
+  EXPECT_EQ(StridesOfNode(*ops, "w1h"), std::vector<int64_t>({72, 9, 3, 1}));
+  EXPECT_EQ(StridesOfNode(*ops, "w2h"), std::vector<int64_t>({144, 1, 48, 16}));
+  EXPECT_EQ(StridesOfNode(*ops, "relu"), std::vector<int64_t>({576, 1, 96, 16}));
+}
+
+TEST(ConvLayoutTest, InputsStayWhenAStepResultMustKeepItsStrides) {
+  // A convolution whose result is viewed (flatten) and a pooling whose result is a graph output:
+  // torch would return them channels-last for a channels-last input, but the view and the output
+  // follow the recorded strides, so the inputs stay as recorded.
+  GraphBuilder b;
+  b.Input("x", Cu({2, 8, 4, 4})).Input("w1", Cu({8, 8, 3, 3}))
+      .Call("relu", "aten.relu.default", {Ref("x")}, Cu({2, 8, 4, 4}))
+      .Call("conv1", "aten.convolution.default", ConvArgs("relu", "w1"), Cu({2, 8, 4, 4}))
+      .Call("flat", "aten.view.default", {Ref("conv1"), Ints({2, 128})}, Cu({2, 128}))
+      .Call("neg", "aten.neg.default", {Ref("x")}, Cu({2, 8, 4, 4}))
+      .Call("pool", "aten.max_pool2d_with_indices.default", MaxPoolArgs("neg"),
+            Tuple({Cu({2, 8, 2, 2}), Cu({2, 8, 2, 2}, v1::DTYPE_INT64)}))
+      .Call("pooled", "operator.getitem", {Ref("pool"), I(0)}, Cu({2, 8, 2, 2}))
+      .Call("conv2", "aten.convolution.default", ConvArgs("neg", "w1"), Cu({2, 8, 4, 4}))
+      .Output({"flat", "pooled", "conv2"});
+  const v1::CompileRequest req = CudaRequest(b);
+  auto prepared = graph::PrepareGraph(req, graph::GraphLimits(), graph::CompilerIdentity());
+  ASSERT_TRUE(prepared.ok()) << prepared.status();
+  auto ops = LowerGraph(prepared->graph, prepared->fallback_nodes);
+  ASSERT_TRUE(ops.ok()) << ops.status();
+  EXPECT_EQ(ChooseConvLayouts(&*ops), 0);
+}
+
 }  // namespace
 }  // namespace kiln::lower
