@@ -135,6 +135,8 @@ absl::StatusOr<bool> DefineIndexed(Lowerer& l, const graph::Node& n, LValue& v);
 // Normalization ops with several outputs (lower_norm.cc).
 absl::Status LowerLayerNormBackward(Lowerer& l, int32_t node);
 absl::Status LowerBatchNorm(Lowerer& l, int32_t node);
+// max_pool2d_with_indices as element functions over its output (lower_pool.cc).
+absl::Status LowerMaxPool2d(Lowerer& l, int32_t node);
 
 }  // namespace kiln::lower::internal
 

@@ -274,6 +274,7 @@ absl::Status LowerRowNode(Lowerer& l, int32_t node_index) {
     return b.Finish();
   }
   if (name == "native_layer_norm_backward") return LowerLayerNormBackward(l, node_index);
+  if (name == "max_pool2d_with_indices") return LowerMaxPool2d(l, node_index);
   if (name == "_native_batch_norm_legit_functional" || name == "_native_batch_norm_legit_no_training" ||
       name == "native_batch_norm_backward") {
     return LowerBatchNorm(l, node_index);

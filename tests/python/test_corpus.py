@@ -254,6 +254,15 @@ case("mm-relu", lambda x, w: torch.relu(x @ w.t()) * 2, r(5, 8), r(3, 8))
 case("conv2d", lambda x, w, b: F.conv2d(x, w, b, padding=1), r(1, 3, 6, 6), r(4, 3, 3, 3), r(4))
 case("avg_pool2d", lambda x: F.avg_pool2d(x, 2), r(1, 3, 6, 6))
 case("max_pool2d", lambda x: F.max_pool2d(x, 2), r(1, 3, 6, 6))
+# max_pool2d_with_indices is lowered (windows read masked): padding, strides, dilation, ceil_mode,
+# NaN/inf (NaN wins; the index of the last NaN, as torch), indices, channels-last bf16
+case("max_pool2d-pad-stride", lambda x: F.max_pool2d(x, 3, 2, 1), r(2, 4, 9, 9))
+case("max_pool2d-indices-nan", lambda x: F.max_pool2d(x, 3, 2, 1, return_indices=True), special(2, 3, 7, 7))
+case("max_pool2d-dilation-ceil", lambda x: F.max_pool2d(x, 2, 2, 0, dilation=2, ceil_mode=True, return_indices=True),
+     r(1, 2, 7, 8))
+case("max_pool2d-nhwc-bf16", lambda x: F.max_pool2d(x, 3, 2, 1),
+     lambda g: random_tensor((2, 5, 8, 8), bf16, g).contiguous(memory_format=torch.channels_last))
+case("max_pool2d-ties", lambda x: F.max_pool2d(x, 2, 1, return_indices=True), lambda g: torch.ones(1, 1, 4, 4))
 # layouts: broadcasting, transposed / sliced / expanded inputs
 case("bcast-row-col", torch.add, r(4, 1), r(1, 5))
 case("bcast-rank", torch.mul, r(3), r(2, 4, 3))
@@ -365,6 +374,9 @@ block("gelu", F.gelu, r(4, 16))
 block("gelu-tanh", lambda x: F.gelu(x, approximate="tanh"), r(4, 16))
 block("silu-sigmoid-tanh", lambda x: F.silu(x) + x.sigmoid() * x.tanh(), r(4, 16))
 block("conv-bn-relu", conv_bn_relu, r(2, 3, 6, 6), r(4, 3, 3, 3), pos(4), r(4))
+# ResNet's stem: the indices computed by kiln feed torch's max_pool2d_with_indices_backward
+block("conv-relu-maxpool", lambda x, w: F.max_pool2d(F.relu(F.conv2d(x, w, padding=1)), 3, 2, 1),
+      r(2, 3, 8, 8), r(4, 3, 3, 3))
 # Inference batch norm inside a training graph: on CUDA its save_mean/save_invstd are per channel.
 block("bn-eval-relu", lambda x, rm, rv, w, b: F.relu(F.batch_norm(x, rm.detach(), rv.detach(), w, b, training=False)),
       r(2, 4, 5, 5), r(4), pos(4), r(4), r(4))
@@ -412,7 +424,11 @@ def trace(name):
     if mode == "fx":
         fresh = [to_device(s(g1)) for s in specs]
     else:
+        # Saved integer tensors of backward graphs are positions (max_pool2d's indices): 0 or 1,
+        # valid in any plane, where random values would make torch's own kernels read out of bounds.
         fresh = [fresh_like(t, g1) for t in inputs]
+        if mode == "bw":
+            fresh = [t.abs() % 2 if isinstance(t, torch.Tensor) and t.dtype == torch.int64 else t for t in fresh]
     return gm, request_for(gm, name, kind), fresh
 
 

@@ -1,0 +1,121 @@
+// max_pool2d_with_indices -> two element functions over the output (see lower_internal.h): the
+// window's maximum and, when the graph uses it, its flat index in the input plane. The input is
+// read masked (padding) and so is stored by its producer; the window is unrolled (at most
+// kMaxWindow elements). Torch's semantics (aten/src/ATen/native/cuda/DilatedMaxPool2d.cu and the
+// CPU kernel alike): the window is scanned row-major; an element replaces the running maximum when
+// it is greater or NaN; the index starts at the first element inside the input.
+
+#include <limits>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "server/base/status_macros.h"
+#include "server/lower/lower_internal.h"
+
+namespace kiln::lower::internal {
+namespace {
+
+using graph::Arg;
+using graph::Node;
+using graph::Type;
+using k::BinaryOp;
+using k::ExprOr;
+using k::ScalarType;
+
+constexpr int64_t kMaxWindow = 64;  // unrolled window elements; larger windows stay torch's
+
+absl::StatusOr<std::vector<int64_t>> Pair(const Node& n, size_t i, std::vector<int64_t> fallback) {
+  if (i >= n.args.size()) return fallback;
+  const Arg& a = n.args[i];
+  if (a.kind != Arg::Kind::kList) return absl::UnimplementedError("max_pool2d: a non-constant int[2] argument");
+  std::vector<int64_t> v;
+  for (const Arg& x : a.list) {
+    if (x.kind != Arg::Kind::kInt) return absl::UnimplementedError("max_pool2d: a symbolic int[2] argument");
+    v.push_back(x.i);
+  }
+  if (v.empty()) return fallback;
+  if (v.size() == 1) v.push_back(v[0]);
+  if (v.size() != 2) return absl::UnimplementedError("max_pool2d: an int[2] argument of another length");
+  return v;
+}
+
+ExprOr I64(int64_t v) { return k::ConstInt(ScalarType::kInt64, v); }
+
+}  // namespace
+
+absl::Status LowerMaxPool2d(Lowerer& l, int32_t node_index) {
+  const Node& n = l.graph().nodes[node_index];
+  if (n.type.kind != Type::Kind::kList || n.type.items.size() != 2 || n.type.items[0].kind != Type::Kind::kTensor ||
+      n.type.items[1].kind != Type::Kind::kTensor) {
+    return absl::UnimplementedError("max_pool2d_with_indices result");
+  }
+  KILN_ASSIGN_OR_RETURN(const int32_t x, l.KernelValueOf(n.args[0]));
+  const std::vector<int64_t> in = l.g().values[x].sizes;
+  if (in.size() != 4) return absl::UnimplementedError("max_pool2d of a 3-D input");
+  if (!k::IsFloatType(l.g().values[x].dtype)) return absl::UnimplementedError("max_pool2d of an integer input");
+  KILN_ASSIGN_OR_RETURN(const std::vector<int64_t> kernel, Pair(n, 1, {}));
+  if (kernel.empty()) return absl::UnimplementedError("max_pool2d without a kernel size");
+  KILN_ASSIGN_OR_RETURN(const std::vector<int64_t> stride, Pair(n, 2, kernel));
+  KILN_ASSIGN_OR_RETURN(const std::vector<int64_t> pad, Pair(n, 3, {0, 0}));
+  KILN_ASSIGN_OR_RETURN(const std::vector<int64_t> dil, Pair(n, 4, {1, 1}));
+  for (int d = 0; d < 2; ++d) {
+    if (kernel[d] <= 0 || stride[d] <= 0 || dil[d] <= 0 || pad[d] < 0) {
+      return absl::UnimplementedError("max_pool2d: bad window");  // the verifier rejects these first
+    }
+  }
+  if (kernel[0] * kernel[1] > kMaxWindow) {
+    return absl::UnimplementedError(absl::StrCat("max_pool2d window of ", kernel[0] * kernel[1],
+                                                 " elements (kiln unrolls at most ", kMaxWindow, ")"));
+  }
+  KILN_ASSIGN_OR_RETURN(LValue out, l.NewValue(node_index, n.type.items[0].tensor, ValueKind::kPointwise));
+  KILN_ASSIGN_OR_RETURN(LValue index, l.NewValue(node_index, n.type.items[1].tensor, ValueKind::kPointwise));
+  if (out.sizes.size() != 4 || out.sizes[0] != in[0] || out.sizes[1] != in[1] || index.sizes != out.sizes ||
+      index.dtype != ScalarType::kInt64) {
+    return absl::UnimplementedError("max_pool2d result shapes");
+  }
+  const ScalarType ot = out.dtype, ct = ComputeType(out.dtype);
+  const int64_t height = in[2], width = in[3];
+  // The running (maximum, index) after scanning the window of output point idx.
+  auto scan = [=](LoadContext& ctx, const std::vector<Affine>& idx, bool want_index) -> std::pair<ExprOr, ExprOr> {
+    ExprOr best = LiteralF(ct, -std::numeric_limits<double>::infinity());
+    ExprOr best_at = I64(-1);
+    for (int64_t i = 0; i < kernel[0]; ++i) {
+      for (int64_t j = 0; j < kernel[1]; ++j) {
+        const Affine h = AffAdd(AffScale(idx[2], stride[0]), AffConst(i * dil[0] - pad[0]));
+        const Affine w = AffAdd(AffScale(idx[3], stride[1]), AffConst(j * dil[1] - pad[1]));
+        const ExprOr he = AffineExpr(h), we = AffineExpr(w);
+        const ExprOr inside = k::Binary(
+            BinaryOp::kLogicalAnd,
+            k::Binary(BinaryOp::kLogicalAnd, k::Binary(BinaryOp::kGe, he, I64(0)), k::Binary(BinaryOp::kLt, he, I64(height))),
+            k::Binary(BinaryOp::kLogicalAnd, k::Binary(BinaryOp::kGe, we, I64(0)), k::Binary(BinaryOp::kLt, we, I64(width))));
+        ExprOr v = ctx.LoadMasked(x, {idx[0], idx[1], h, w}, inside);
+        if (v.ok() && k::IsHalfType((*v)->type)) v = k::Cast(ScalarType::kFloat32, v);
+        v = k::Cast(ct, v);
+        ExprOr take = k::Binary(BinaryOp::kLogicalOr, k::Binary(BinaryOp::kGt, v, best), k::Unary(k::UnaryOp::kIsNan, v));
+        if (want_index) take = k::Binary(BinaryOp::kLogicalOr, take, k::Binary(BinaryOp::kLt, best_at, I64(0)));
+        take = k::Binary(BinaryOp::kLogicalAnd, inside, take);
+        if (want_index) best_at = k::Select(take, k::Add(k::Mul(he, I64(width)), we), best_at);
+        best = k::Select(take, v, best);
+      }
+    }
+    return {best, best_at};
+  };
+  out.op = "max_pool2d";
+  out.inputs = {x};
+  out.masked_inputs = {x};
+  out.elem = [=](LoadContext& ctx, const std::vector<Affine>& idx) -> ExprOr {
+    return k::Cast(ot, scan(ctx, idx, false).first);
+  };
+  index.op = "max_pool2d_indices";
+  index.inputs = {x};
+  index.masked_inputs = {x};
+  index.elem = [=](LoadContext& ctx, const std::vector<Affine>& idx) -> ExprOr { return scan(ctx, idx, true).second; };
+  const int32_t out_id = l.Add(std::move(out));
+  const int32_t index_id = l.Add(std::move(index));
+  l.SetItems(node_index, {out_id, index_id});
+  return absl::OkStatus();
+}
+
+}  // namespace kiln::lower::internal
