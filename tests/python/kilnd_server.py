@@ -15,7 +15,8 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 # The client options (kiln/options.py) the backend suites clear before each test, so that a
 # developer's environment cannot change what they test.
 CLIENT_ENV = ("KILN_SERVER", "KILN_FALLBACK", "KILN_CACHE_ONLY", "KILN_DEBUG", "KILN_DEBUG_DIR",
-              "KILN_CUDA_GRAPHS", "KILN_CPU_ISA", "KILN_DETERMINISTIC", "KILN_DISABLE_FUSION")
+              "KILN_CUDA_GRAPHS", "KILN_CPU_ISA", "KILN_DETERMINISTIC", "KILN_DISABLE_FUSION",
+              "KILN_PREFETCH_BACKWARD")
 
 
 def fresh_kiln(monkeypatch):

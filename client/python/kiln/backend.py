@@ -15,6 +15,14 @@ Guards: each artifact is specialized to its inputs' metadata (kiln.guards); inpu
 match send a new compile request for that specialization. Dynamo recompiles (new shapes) and these
 re-specializations count toward ``max_graphs_per_function`` per Dynamo frame (default 8, like
 Dynamo's cache_size_limit); past it the function runs eagerly, with a warning.
+
+Backward prefetch: AOTAutograd calls the backward compiler lazily, at the first ``backward()``.
+With option ``prefetch_backward`` (default on) the backward graph's request, built exactly as the
+backward compiler will build it, is sent to ``Compile`` from a background thread as soon as the
+partitioner has made it, so that kilnd compiles it alongside the forward; the backward compiler's
+own request then joins that compile or hits the cache (kilnd's single flight). The prefetch is
+fire-and-forget: its failures are logged at debug level and change nothing else; it is not a graph
+or a request in kiln.stats() (it is counted in ``backward_prefetches``).
 See kiln.options for every option and environment variable.
 """
 
@@ -80,7 +88,7 @@ def kiln_backend(gm, example_inputs, options=None, mode=None, **unused):
         return _eager_dynamo_graph(gm, fn, opts)
 
     session = _Session(opts, fn)
-    aot = make_aot(session.compiler)
+    aot = make_aot(session.compiler, prefetch_backward=session.prefetch_backward)
     try:
         return aot(gm, example_inputs)
     except Exception as e:
@@ -95,17 +103,39 @@ def kiln_backend(gm, example_inputs, options=None, mode=None, **unused):
 kiln_backend.reset = reset
 
 
-def make_aot(compiler_for_kind):
+def make_aot(compiler_for_kind, prefetch_backward=None):
     """The AOTAutograd backend kiln uses (kiln.precompile too, so that both capture the same
     graphs): min-cut partitioner, no extra decompositions; compiler_for_kind(GRAPH_KIND_*) gives
-    the compiler of each graph kind."""
+    the compiler of each graph kind. prefetch_backward(bw_module), if given, is called with each
+    training graph's backward graph as soon as the partitioner returns it (before the forward is
+    compiled); what it raises is logged at debug level and ignored."""
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch.partitioners import min_cut_rematerialization_partition
 
+    partition_fn = min_cut_rematerialization_partition
+    if prefetch_backward is not None:
+        partition_fn = _partition_then(min_cut_rematerialization_partition, prefetch_backward)
     return aot_autograd(fw_compiler=compiler_for_kind(proto.GRAPH_KIND_FORWARD),
                         bw_compiler=compiler_for_kind(proto.GRAPH_KIND_BACKWARD),
                         inference_compiler=compiler_for_kind(proto.GRAPH_KIND_INFERENCE),
-                        partition_fn=min_cut_rematerialization_partition)
+                        partition_fn=partition_fn)
+
+
+def _partition_then(partition_fn, on_backward):
+    """partition_fn, calling on_backward(bw_module) after it. Not for the partitions of
+    higher-order operators' subgraphs (invoke_subgraph), which AOTAutograd runs through the same
+    function with no joint inputs: their backward graphs are not given to the backward compiler."""
+
+    def partition(joint_module, joint_inputs, **kwargs):
+        fw_module, bw_module = partition_fn(joint_module, joint_inputs, **kwargs)
+        if joint_inputs:
+            try:
+                on_backward(bw_module)
+            except Exception as e:
+                log.debug("kiln: backward prefetch skipped (%s: %s)", type(e).__name__, _short(e))
+        return fw_module, bw_module
+
+    return partition
 
 
 def _is_dynamo_control_flow(e):
@@ -216,6 +246,88 @@ class _Session:
             return graph.boxed()
 
         return compile_fn
+
+    def prefetch_backward(self, bw_module):
+        """Sends Compile for the backward graph ahead of the backward compiler (see the module
+        docstring): the request is the one CompiledGraph.prepare will build from
+        bw_compiler(copy of bw_module, placeholder_list), AOTAutograd's placeholder_list being the
+        placeholders' meta["val"] (re-strided only for strides a compiler reports through
+        TracingContext.output_strides, which kiln does not). Returns without sending in cache-only
+        mode, with the option off, under compiled autograd (which never calls the backward
+        compiler) and when AOTAutograd will inline saved-tensors hooks into the backward graph
+        after partitioning; raises on a graph it cannot serialize (make_aot logs and ignores it)."""
+        opts = self.opts
+        if (not opts.prefetch_backward or opts.cache_only or _compiled_autograd_on()
+                or _saved_tensors_hooks_inlined()):
+            return
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        example_inputs = [n.meta["val"] for n in bw_module.graph.nodes if n.op == "placeholder"]
+        with unset_fake_temporarily():  # as the lazy backward compile runs: no fake mode
+            request = _compile_request(opts, self.fn, proto.GRAPH_KIND_BACKWARD, bw_module, example_inputs)
+        threading.Thread(target=_send_ahead, args=(opts, request, self.fn.name), daemon=True,
+                         name="kiln-prefetch-backward").start()
+        stats_mod.add("backward_prefetches")
+
+
+def _compiled_autograd_on():
+    try:
+        from torch._dynamo import compiled_autograd
+
+        return bool(torch._dynamo.config.compiled_autograd or compiled_autograd.compiled_autograd_enabled
+                    or compiled_autograd.in_compiled_autograd_region)
+    except Exception:  # pragma: no cover  (another torch)
+        return False
+
+
+def _saved_tensors_hooks_inlined():
+    """Whether AOTAutograd will inline saved-tensors hooks into the backward graph after the
+    partitioner (the graph sent ahead would not be the one compiled)."""
+    try:
+        from torch._functorch._aot_autograd import utils
+
+        return bool(utils.saved_tensors_hooks_are_inlineable(utils.top_saved_tensors_hooks()))
+    except Exception:  # pragma: no cover  (another torch)
+        return False
+
+
+_PREFETCH_WAIT_S = server_mod.STARTUP_TIMEOUT_S
+
+
+def _send_ahead(opts, request, name):
+    """Thread body: Compile(request) on the server the compile path uses, the reply ignored. It
+    starts no kilnd: for the embedded one it waits (up to kilnd's startup timeout) until this
+    process has found it serving. Never raises."""
+    try:
+        deadline = time.monotonic() + _PREFETCH_WAIT_S
+        address = _known_address(opts)
+        while address is None and opts.embedded and time.monotonic() < deadline:
+            time.sleep(0.01)
+            address = _known_address(opts)
+        if address is None:
+            log.debug("kiln: backward of %s not sent ahead: no kilnd known to be serving", name)
+            return
+        response = server_mod.CONNECTIONS.client(address).compile(request, timeout=opts.timeout)
+        log.debug("kiln: backward of %s sent ahead: %s, key %s", name,
+                  proto.CacheSource.Name(response.source), response.key[:16])
+    except Exception as e:
+        log.debug("kiln: backward of %s sent ahead: %s: %s", name, type(e).__name__, _short(e))
+
+
+def _known_address(opts):
+    """The address _server_address would give, without starting or checking anything: None when
+    the embedded kilnd has not been found serving by this process yet, or the server is known down."""
+    if opts.embedded:
+        address = _EMBEDDED_READY.get(opts.resolved_cache_dir())
+    else:
+        address = opts.server
+    if address is None:
+        return None
+    with _STATE_LOCK:
+        until = _DOWN_UNTIL.get(address)
+    if until is not None and time.monotonic() < until:
+        return None
+    return address
 
 
 class _Spec:
@@ -359,18 +471,8 @@ class CompiledGraph:
             self.request = None  # no retry will need it (it may hold large constants)
 
     def _build_request(self, gm, example_inputs):
-        from kiln.serialize import serialize_graph
-
         t0 = time.perf_counter()
-        graph = serialize_graph(gm, example_inputs, kind=self.kind,
-                                debug_name=f"{self.kind_name} of {self.session.fn.location or 'graph'}"
-                                           f" {self.session.fn.compile_id}".strip())
-        request = proto.CompileRequest(graph=graph, target=target_for(example_inputs, self.opts))
-        request.options.deterministic = self.opts.deterministic
-        request.options.disable_fusion = self.opts.disable_fusion
-        request.options.keep_source = self.opts.debug
-        request.options.compile_timeout_ms = int(self.opts.timeout * 1000)
-        request.client.CopyFrom(_client_info())
+        request = _compile_request(self.opts, self.session.fn, self.kind, gm, example_inputs)
         stats_mod.add_to("client_time_s", "serialize", time.perf_counter() - t0)
         return request
 
@@ -761,6 +863,23 @@ def _fallback(opts, cause, message, warn=True):
 
 
 # -- request fields ---------------------------------------------------------------------------
+
+
+def _compile_request(opts, fn, kind, gm, example_inputs):
+    """The CompileRequest for graph `gm` of kind `kind` (GRAPH_KIND_*) of the function `fn`
+    (_FunctionInfo): every graph's, and the backward prefetch's, so that both are the same bytes."""
+    from kiln.serialize import serialize_graph
+
+    graph = serialize_graph(gm, example_inputs, kind=kind,
+                            debug_name=f"{_KIND_NAMES.get(kind, 'graph')} of {fn.location or 'graph'}"
+                                       f" {fn.compile_id}".strip())
+    request = proto.CompileRequest(graph=graph, target=target_for(example_inputs, opts))
+    request.options.deterministic = opts.deterministic
+    request.options.disable_fusion = opts.disable_fusion
+    request.options.keep_source = opts.debug
+    request.options.compile_timeout_ms = int(opts.timeout * 1000)
+    request.client.CopyFrom(_client_info())
+    return request
 
 
 def graph_device(graph):

@@ -16,6 +16,10 @@ Counted once per graph (not per call):
   cuda_graph_captures, cuda_graph_replays
                    CUDA-graph mode (option cuda_graphs): graphs captured, and plan calls served by
                    a replay (the capturing call included)
+  backward_prefetches
+                   backward graphs sent to Compile ahead of their first backward (option
+                   prefetch_backward); not counted in graphs or requests: the backward compiler's
+                   own request is, and usually finds that compile in flight (joined) or done (hits)
 Times, in seconds, summed over requests: ``client_time_s`` (serialize, rpc, load) and
 ``server_time_s`` (the phases of CompileResponse.timings).
 Does not import torch.
@@ -46,6 +50,7 @@ def _fresh():
         "plan_calls": 0,
         "cuda_graph_captures": 0,
         "cuda_graph_replays": 0,
+        "backward_prefetches": 0,
         "client_time_s": {"serialize": 0.0, "rpc": 0.0, "load": 0.0},
         "server_time_s": {},
         "keys": [],  # keys of the graphs seen, in order (for tests and debugging), bounded

@@ -18,6 +18,7 @@
 | deterministic             | KILN_DETERMINISTIC             | False (CompileOptions.deterministic)     |
 | disable_fusion            | KILN_DISABLE_FUSION            | False (CompileOptions.disable_fusion)    |
 | cuda_graphs               | KILN_CUDA_GRAPHS               | False (True: CUDA plans replay captured CUDA graphs, kiln.cuda_graphs) |
+| prefetch_backward         | KILN_PREFETCH_BACKWARD         | True (a training graph's backward is sent to Compile when the partitioner makes it, not at the first backward) |
 
 Booleans accept 1/0, true/false, yes/no, on/off. Unknown option names are an error (a typo must not
 silently change nothing). This module does not import torch.
@@ -91,6 +92,7 @@ class Options:
     deterministic: bool = False
     disable_fusion: bool = False
     cuda_graphs: bool = False
+    prefetch_backward: bool = True
 
     @property
     def embedded(self):
@@ -116,6 +118,7 @@ _ENV = {
     "deterministic": "KILN_DETERMINISTIC",
     "disable_fusion": "KILN_DISABLE_FUSION",
     "cuda_graphs": "KILN_CUDA_GRAPHS",
+    "prefetch_backward": "KILN_PREFETCH_BACKWARD",
 }
 ENV_VARS = dict(_ENV)
 

@@ -14,15 +14,16 @@ from kiln import server
 def test_defaults():
     o = options.resolve({}, environ={})
     assert o.embedded and o.fallback == "eager" and not o.cache_only and not o.debug
-    assert o.max_graphs_per_function == 8 and o.idle_exit_after == 600.0
+    assert o.max_graphs_per_function == 8 and o.idle_exit_after == 600.0 and o.prefetch_backward
     assert o.resolved_cache_dir() == os.path.join(os.path.expanduser("~"), ".cache", "kiln")
 
 
 def test_environment_then_options_on_top():
     env = {"KILN_SERVER": "unix:/tmp/a.sock", "KILN_FALLBACK": "error", "KILN_CACHE_ONLY": "1",
            "KILN_DEBUG": "yes", "KILN_DEBUG_DIR": "/tmp/dbg", "KILN_MAX_GRAPHS_PER_FUNCTION": "3",
-           "KILN_IDLE_EXIT_AFTER": "90s", "XDG_CACHE_HOME": "/tmp/xdg"}
+           "KILN_IDLE_EXIT_AFTER": "90s", "KILN_PREFETCH_BACKWARD": "0", "XDG_CACHE_HOME": "/tmp/xdg"}
     o = options.resolve(None, environ=env)
+    assert not o.prefetch_backward and options.resolve({"prefetch_backward": True}, environ=env).prefetch_backward
     assert (o.server, o.fallback, o.cache_only, o.debug, o.debug_dir) == ("unix:/tmp/a.sock", "error", True, True, "/tmp/dbg")
     assert o.max_graphs_per_function == 3 and o.idle_exit_after == 90.0
     o = options.resolve({"server": "127.0.0.1:9", "fallback": "eager", "cache_only": False,
