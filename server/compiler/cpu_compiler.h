@@ -31,7 +31,7 @@ namespace kiln::compiler {
 // Bump when lowering, fusion or planning changes generated code or plans for the same graph.
 // 2: 64-bit CPU indices; 3: softmax in two passes over a row buffer, x * (1 / sum); 4: split
 // few-output reductions (lower_split.cc).
-inline constexpr char kCpuCompilerVersion[] = "kiln-cpu-compiler/4";
+inline constexpr char kCpuCompilerVersion[] = "kiln-cpu-compiler/5";  // 5: max_pool2d lowered
 
 struct CpuCompilerOptions {
   // Compiler, time and memory limits; `march` is overwritten per request with target.cpu_isa.
