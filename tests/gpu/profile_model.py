@@ -63,6 +63,30 @@ def kernel_table(run, steps):
     return by_name, total / steps
 
 
+def host_profile(backend, run, steps, top):
+    """cProfile of `steps` steps: the functions with the most own time, per step."""
+    import cProfile
+    import io
+    import pstats
+
+    import torch
+
+    torch.cuda.synchronize()
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(steps):
+        run()
+    torch.cuda.synchronize()
+    prof.disable()
+    out = io.StringIO()
+    stats = pstats.Stats(prof, stream=out)
+    stats.sort_stats("tottime").print_stats(top)
+    print(f"\n## {backend}: host profile of {steps} steps (cProfile, sorted by own time)")
+    lines = out.getvalue().splitlines()
+    start = next((i for i, line in enumerate(lines) if line.strip().startswith("ncalls")), 0)
+    print("\n".join(line[:160] for line in lines[max(0, start - 3):]))
+
+
 def write_sources(server, out_dir):
     """`kilnctl show KEY --source` of every entry of the server's cache, one file per key."""
     import json
@@ -101,6 +125,9 @@ def main():
     ap.add_argument("--backends", default="eager,inductor,kiln")
     ap.add_argument("--kiln-option", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--kilnd", default=None)
+    ap.add_argument("--cprofile", type=int, default=0, metavar="STEPS",
+                    help="also run STEPS steps of each backend under cProfile and print the host "
+                         "functions taking the most time (tottime)")
     ap.add_argument("--sources-out", default=None, metavar="DIR",
                     help="write each kiln cache entry (plan and generated source, `kilnctl show --source`) "
                          "to DIR/<key>.txt; needs kilnctl beside kilnd")
@@ -134,6 +161,8 @@ def main():
                 enqueue_ms = host_ms(run, args.iters)
                 kernels, busy_us = kernel_table(run, args.steps)
                 results[b] = (step_ms, enqueue_ms, busy_us, kernels)
+                if args.cprofile:
+                    host_profile(b, run, args.cprofile, args.top)
                 if b == "kiln":
                     print("kiln: " + gm.facts_line(gm.kiln_facts()))
                     if args.sources_out:

@@ -106,19 +106,52 @@ kiln_backend.reset = reset
 def make_aot(compiler_for_kind, prefetch_backward=None):
     """The AOTAutograd backend kiln uses (kiln.precompile too, so that both capture the same
     graphs): min-cut partitioner, no extra decompositions; compiler_for_kind(GRAPH_KIND_*) gives
-    the compiler of each graph kind. prefetch_backward(bw_module), if given, is called with each
+    the compiler of each graph kind. The joint graph loses its detach nodes before min-cut sees
+    it (_without_detaches). prefetch_backward(bw_module), if given, is called with each
     training graph's backward graph as soon as the partitioner returns it (before the forward is
     compiled); what it raises is logged at debug level and ignored."""
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch.partitioners import min_cut_rematerialization_partition
 
-    partition_fn = min_cut_rematerialization_partition
+    partition_fn = _without_detaches(min_cut_rematerialization_partition)
     if prefetch_backward is not None:
-        partition_fn = _partition_then(min_cut_rematerialization_partition, prefetch_backward)
+        partition_fn = _partition_then(partition_fn, prefetch_backward)
     return aot_autograd(fw_compiler=compiler_for_kind(proto.GRAPH_KIND_FORWARD),
                         bw_compiler=compiler_for_kind(proto.GRAPH_KIND_BACKWARD),
                         inference_compiler=compiler_for_kind(proto.GRAPH_KIND_INFERENCE),
                         partition_fn=partition_fn)
+
+
+def _without_detaches(partition_fn):
+    """partition_fn on the joint graph without its aten.detach nodes (each reader of one reads its
+    input instead), as Inductor's decompositions make them aliases it then drops. Autograd
+    formulas save `result.detach()` (exp, relu, tanh, sigmoid...); inside the traced joint graph a
+    detach changes nothing, but min-cut may not recompute through it, so it saved both relu and
+    exp of relu(x).exp() where without it it saves relu and recomputes exp in the backward (half
+    the saved bytes). A detach that is itself a graph output stays (output aliasing is AOTAutograd's
+    business)."""
+    detach = torch.ops.aten.detach.default
+
+    def partition(joint_module, joint_inputs, **kwargs):
+        graph = joint_module.graph
+        outputs = set()
+        for node in graph.nodes:
+            if node.op == "output":
+                torch.fx.node.map_arg(node.args, lambda a: outputs.add(a))
+        changed = False
+        for node in list(graph.nodes):
+            if node.op != "call_function" or node.target is not detach or node in outputs:
+                continue
+            if not node.args or not isinstance(node.args[0], torch.fx.Node):
+                continue
+            node.replace_all_uses_with(node.args[0])
+            graph.erase_node(node)
+            changed = True
+        if changed:
+            joint_module.recompile()
+        return partition_fn(joint_module, joint_inputs, **kwargs)
+
+    return partition
 
 
 def _partition_then(partition_fn, on_backward):
