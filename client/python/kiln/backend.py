@@ -906,11 +906,17 @@ def _compile_request(opts, fn, kind, gm, example_inputs):
     graph = serialize_graph(gm, example_inputs, kind=kind,
                             debug_name=f"{_KIND_NAMES.get(kind, 'graph')} of {fn.location or 'graph'}"
                                        f" {fn.compile_id}".strip())
-    request = proto.CompileRequest(graph=graph, target=target_for(example_inputs, opts))
+    return request_for_graph(opts, graph, target_for(example_inputs, opts), opts.timeout)
+
+
+def request_for_graph(opts, graph, target, timeout):
+    """The CompileRequest of a serialized graph with the options every sender sets (the backend,
+    its backward prefetch and kiln.precompile: the hashed ones must match for keys to match)."""
+    request = proto.CompileRequest(graph=graph, target=target)
     request.options.deterministic = opts.deterministic
     request.options.disable_fusion = opts.disable_fusion
     request.options.keep_source = opts.debug
-    request.options.compile_timeout_ms = int(opts.timeout * 1000)
+    request.options.compile_timeout_ms = int(timeout * 1000)
     request.client.CopyFrom(_client_info())
     return request
 

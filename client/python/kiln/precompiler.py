@@ -287,17 +287,9 @@ class _Sender:
             self.start_error = f"SERVER_START: {e}"
 
     def request(self, graph):
-        from kiln.backend import _client_info
+        from kiln.backend import request_for_graph
 
-        request = proto.CompileRequest(graph=graph, target=self.target)
-        # As the backend sets them (kiln.backend.CompiledGraph._build_request): the hashed ones
-        # must match for the keys to match.
-        request.options.deterministic = self.opts.deterministic
-        request.options.disable_fusion = self.opts.disable_fusion
-        request.options.keep_source = self.opts.debug
-        request.options.compile_timeout_ms = int(self.timeout * 1000)
-        request.client.CopyFrom(_client_info())
-        return request
+        return request_for_graph(self.opts, graph, self.target, self.timeout)
 
     def send(self, kind, graph):
         record = PrecompileRecord(kind=_KIND_NAMES.get(kind, "graph"), key="", source="",
