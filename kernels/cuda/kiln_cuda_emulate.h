@@ -9,7 +9,8 @@
 // warp's 32 threads; blocks run one after another (so a __shared__ array can be a static), except
 // the blocks of one cluster (kiln_cuda_cluster.cuh), which run concurrently: their shared memory
 // is cluster_smem (one arena per block, not a static), cluster_sync is a barrier of the cluster's
-// threads and cluster_word reads another block's arena at the same offset.
+// threads and cluster_word reads another block's arena at the same offset. Dynamic shared memory
+// (dynamic_smem) is an arena of the launch's shared_bytes per block, filled with garbage.
 // Never embedded into generated code.
 
 #define KILN_CUDA_EMULATE 1
@@ -62,14 +63,18 @@ class Barrier {
 constexpr int kSmemBytes = 64 * 1024;  // a block's cluster_smem arena
 
 struct Block {
-  explicit Block(int threads) : block(threads), slots(threads), smem(kSmemBytes / 16) {
+  explicit Block(int threads, int dynamic_bytes = 0)
+      : block(threads), slots(threads), smem(kSmemBytes / 16), dynamic((dynamic_bytes + 15) / 16 + 1) {
     for (int w = 0; w < (threads + 31) / 32; ++w) warps.emplace_back(new Barrier(32));
+    // Garbage, as on a GPU: a kernel must not read slots it did not write.
+    for (size_t i = 0; i < dynamic.size(); ++i) std::memset(dynamic[i].b, static_cast<int>(0x5A + i), 16);
   }
   Barrier block;
   std::vector<std::unique_ptr<Barrier>> warps;
   std::vector<unsigned> slots;
   struct alignas(16) Chunk { unsigned char b[16]; };
   std::vector<Chunk> smem;
+  std::vector<Chunk> dynamic;  // dynamic shared memory
   unsigned char* arena() { return smem.front().b; }
 };
 
@@ -86,6 +91,7 @@ inline unsigned char* BlockSmem(int bytes) {
   if (bytes > kSmemBytes) std::abort();
   return tl_block->arena();
 }
+inline unsigned char* DynamicSmem() { return tl_block->dynamic.front().b; }
 inline void ClusterSync() { tl_cluster->barrier.Wait(); }
 inline uint32_t ClusterWord(const uint32_t* p, unsigned rank) {
   const size_t offset = reinterpret_cast<const unsigned char*>(p) - tl_block->arena();
@@ -124,11 +130,11 @@ P Arg(void* const* buffers, const int64_t* scalars, size_t i, size_t num_buffers
   }
 }
 
-// Runs fn<<<grid, block>>>(buffers..., scalars...) with the emitter's parameter convention, in
-// clusters of `cluster` blocks (grid a multiple of it; 1: no clusters).
+// Runs fn<<<grid, block, shared_bytes>>>(buffers..., scalars...) with the emitter's parameter
+// convention, in clusters of `cluster` blocks (grid a multiple of it; 1: no clusters).
 template <typename... P, size_t... I>
 void LaunchImpl(void (*fn)(P...), void* const* buffers, const int64_t* scalars, int grid, int block,
-                int cluster, std::index_sequence<I...>) {
+                int cluster, int shared_bytes, std::index_sequence<I...>) {
   constexpr size_t num_buffers = (size_t{0} + ... + (std::is_pointer<P>::value ? 1 : 0));
   if (cluster < 1 || grid % cluster != 0) std::abort();
   gridDim.x = static_cast<unsigned>(grid);
@@ -137,7 +143,7 @@ void LaunchImpl(void (*fn)(P...), void* const* buffers, const int64_t* scalars, 
     Cluster cl(cluster * block);
     std::vector<std::unique_ptr<Block>> blocks;
     for (int r = 0; r < cluster; ++r) {
-      blocks.emplace_back(new Block(block));
+      blocks.emplace_back(new Block(block, shared_bytes));
       cl.blocks.push_back(blocks.back().get());
     }
     std::vector<std::thread> threads;
@@ -159,8 +165,8 @@ void LaunchImpl(void (*fn)(P...), void* const* buffers, const int64_t* scalars, 
 
 template <typename... P>
 void Launch(void (*fn)(P...), void* const* buffers, const int64_t* scalars, int grid, int block,
-            int cluster = 1) {
-  LaunchImpl(fn, buffers, scalars, grid, block, cluster, std::index_sequence_for<P...>());
+            int cluster = 1, int shared_bytes = 0) {
+  LaunchImpl(fn, buffers, scalars, grid, block, cluster, shared_bytes, std::index_sequence_for<P...>());
 }
 
 }  // namespace kiln_emu

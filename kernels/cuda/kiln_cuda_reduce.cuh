@@ -13,6 +13,7 @@
 //     folds the per-warp results from shared memory in warp order);
 //   * column_allreduce: thread t of a block serves point t % rx with lane t / rx (column
 //     reductions: coalesced across points); partials meet in shared memory.
+// dynamic_smem(): the block's dynamic shared memory (extern __shared__), for row caches.
 // Merges: sum/prod/max/min through SumOp/ProdOp/MaxOp/MinOp (NaN-propagating), argmax/argmin with
 // torch's rule (NaN is the extreme, the smallest index wins ties), Welford by Chan et al.,
 // online softmax by rescaling to the larger max. fp32 state for half/bf16 inputs (the IR's
@@ -166,6 +167,16 @@ template <typename S, typename Op> KILN_DEV S column_allreduce(S s, Op op, void*
   __syncthreads();
   return r;
 }
+
+// The block's dynamic shared memory (the launch's shared_bytes; kSharedRow's row cache), 16-aligned.
+#if defined(KILN_CUDA_EMULATE)
+KILN_DEV unsigned char* dynamic_smem() { return kiln_emu::DynamicSmem(); }
+#else
+KILN_DEV unsigned char* dynamic_smem() {
+  extern __shared__ __align__(16) unsigned char kiln_dynamic_smem[];
+  return kiln_dynamic_smem;
+}
+#endif
 
 #endif  // __CUDACC__ || KILN_CUDA_EMULATE
 

@@ -140,6 +140,7 @@ const char* CudaLayoutName(CudaLayout layout) {
     case CudaLayout::kColumn: return "column";
     case CudaLayout::kTiled: return "tiled";
     case CudaLayout::kClusterRow: return "cluster_row";
+    case CudaLayout::kSharedRow: return "shared_row";
   }
   return "?";
 }
@@ -233,6 +234,20 @@ class CudaKernelEmitter : public CpuKernelEmitter {
     if (cached == cache_.end()) {
       return code.empty() ? CpuKernelEmitter::LoadExprCode(e) : code;
     }
+    if (smem_arrays_.count(cached->second.name)) {
+      // kSharedRow: the slot is in shared memory; f16/bf16 as their bit patterns.
+      const std::string slot = Slot(cached->second.name);
+      if (phase_ != cached->second.first_phase || !filled_.insert(key).second) return SlotValue(cached->second.name);
+      std::string raw = absl::StrCat("b", e.buffer.index, "[", IndexCode(e.index), "]");
+      if (plan_ != nullptr && lane_ >= 0) {
+        auto vec = plan_->loads.find(key);
+        if (vec != plan_->loads.end()) raw = absl::StrCat(vec->second.name, ".v[", lane_, "]");
+      }
+      const std::string v = absl::StrCat("v", next_value_++);
+      w_.Linef("const ", SmemType(e.buffer.dtype), " ", v, " = ", raw, ";");
+      w_.Linef(slot, " = ", v, ";");
+      return Widen(e.buffer, v);
+    }
     const std::string slot =
         width_ == 1 ? absl::StrCat(cached->second.name, "[kiln_e]")
                     : absl::StrCat(cached->second.name, "[kiln_e * ", width_, " + ", lane_, "]");
@@ -259,7 +274,10 @@ class CudaKernelEmitter : public CpuKernelEmitter {
     head.Linef("// ", CpuKernelSymbol(index_), ": ", CudaLayoutName(launch_.layout), ", ",
                k_.outer.size(), " outer dims, ", k_.reduce.size(), " reduction dims, ",
                k_.phases.size(), " phases, vector width ", launch_.vector_width, ", ",
-               launch_.cached_values, " cached values per thread");
+               launch_.cached_values, " cached values per thread",
+               launch_.layout == CudaLayout::kSharedRow
+                   ? absl::StrCat(", ", launch_.shared_bytes, " bytes of shared row cache per block")
+                   : "");
     std::vector<std::string> params;
     for (const Buffer& b : k_.buffers) {
       const std::string t = StorageType(b.dtype);
@@ -319,6 +337,10 @@ class CudaKernelEmitter : public CpuKernelEmitter {
   }
 
   std::string KernelAttributes() const {
+    if (launch_.layout == CudaLayout::kSharedRow) {
+      // As many blocks per SM as their shared memory allows (registers: 65536 / that many).
+      return absl::StrCat("__launch_bounds__(", launch_.block, ", ", shared_blocks_per_sm_, ") ");
+    }
     if (launch_.layout != CudaLayout::kClusterRow) {
       return absl::StrCat("__launch_bounds__(", launch_.block, ") ");
     }
@@ -344,6 +366,7 @@ class CudaKernelEmitter : public CpuKernelEmitter {
     int64_t element_bytes = 0;
     facts.recurring_loads = RecurringLoads(&element_bytes);
     facts.row_bytes = element_bytes * total;
+    facts.element_bytes = element_bytes;
     if (k_.reduce.size() == 1) {
       std::vector<Stmt> all;
       for (const kernel::Phase& p : k_.phases) all.insert(all.end(), p.stmts.begin(), p.stmts.end());
@@ -375,7 +398,24 @@ class CudaKernelEmitter : public CpuKernelEmitter {
                      : cuda_.row_values;
     limits.max_cached_values = cuda_.max_cached_values;
     if (long_rows_ == CudaLongRows::kBlockPerRow) limits.l2_row_bytes = kL2RowBytes;  // forced: capped grid
+    if (!ArchHasClusters(cuda_.arch)) limits.max_cluster = 0;
+    const SharedMemorySize smem = SharedMemoryOf(cuda_.arch);
+    limits.shared_bytes_per_sm = smem.per_sm;
+    limits.max_shared_bytes_per_block = smem.per_block;
+    limits.static_shared_bytes = smem_bytes_;
+    limits.shared_row_blocks_per_sm = cuda_.shared_row_blocks_per_sm;
+    limits.shared_row_block = cuda_.shared_row_block;
     return limits;
+  }
+
+  // kSharedRow's shape for a row kernel of static length `total` (cuda_long_rows.h), or nullopt.
+  absl::optional<SharedRowChoice> ChooseShared(int64_t total, absl::optional<int64_t> rows) {
+    if (long_rows_ != CudaLongRows::kAuto && long_rows_ != CudaLongRows::kShared) return absl::nullopt;
+    bool shifted_rows = false;
+    int shifted_width = 1;
+    const ClusterRowFacts facts = LongRowFacts(total, rows, &shifted_rows, &shifted_width);
+    const ClusterRowLimits limits = LongRowLimits(shifted_rows, shifted_width);
+    return ChooseSharedRows(facts, limits, long_rows_ == CudaLongRows::kShared);
   }
 
   // kClusterRow's shape for a row kernel of static length `total` (cuda_long_rows.h), or nullopt;
@@ -390,7 +430,7 @@ class CudaKernelEmitter : public CpuKernelEmitter {
     const ClusterRowLimits limits = LongRowLimits(shifted_rows, shifted_width);
     absl::optional<ClusterRowChoice> choice;
     if (long_rows_ != CudaLongRows::kBlockPerRow) choice = ChooseClusterRows(facts, limits);
-    if (!choice && long_rows_ != CudaLongRows::kCluster) {
+    if (!choice && long_rows_ != CudaLongRows::kCluster && long_rows_ != CudaLongRows::kShared) {
       *row_grid = UncachedRowGrid(facts, limits, block);
     }
     return choice;
@@ -895,7 +935,13 @@ class CudaKernelEmitter : public CpuKernelEmitter {
       launch_.max_grid = int64_t{num_sms_} * (kThreadsPerSm / block);
       smem_bytes_ = 32 * max_state;
       if (total_c) {
-        if (const absl::optional<ClusterRowChoice> c =
+        if (const absl::optional<SharedRowChoice> c = ChooseShared(*total_c, rows.AsConst())) {
+          // The row cache in dynamic shared memory (EmitRow sets launch_.shared_bytes).
+          launch_.layout = CudaLayout::kSharedRow;
+          launch_.block = c->block;
+          group_ = c->block;
+          shared_blocks_per_sm_ = c->blocks_per_sm;
+        } else if (const absl::optional<ClusterRowChoice> c =
                 ChooseCluster(*total_c, rows.AsConst(), block, &row_grid_)) {
           // A row over the blocks of a cluster: slots for the block all-reduce, then the two
           // published slots of 8 words (kiln_cuda_cluster.cuh).
@@ -918,7 +964,11 @@ class CudaKernelEmitter : public CpuKernelEmitter {
                              "; kiln_u += static_cast<idx_t>(gridDim.x) * ", kRowsBlock / 32, ")"));
         break;
       case CudaLayout::kBlockPerRow:
+      case CudaLayout::kSharedRow:
         w_.Line("const int kiln_lane = threadIdx.x;");
+        if (launch_.layout == CudaLayout::kSharedRow) {
+          w_.Line("unsigned char* const kiln_dsmem = kiln_cuda::dynamic_smem();");
+        }
         w_.Open(absl::StrCat("for (idx_t kiln_u = blockIdx.x; kiln_u < ", rows_code,
                              "; kiln_u += gridDim.x)"));
         break;
@@ -982,6 +1032,10 @@ class CudaKernelEmitter : public CpuKernelEmitter {
                          launch_.cluster * launch_.cluster;
       // Uncached rows too long for a block: no more rows in flight than the L2 holds (pass 2).
       if (row_grid_ > 0) launch_.max_grid = std::min(launch_.max_grid, row_grid_);
+      // Shared rows: one wave of the blocks that fit by shared memory, grid-stride over the rows.
+      if (launch_.layout == CudaLayout::kSharedRow) {
+        launch_.max_grid = int64_t{num_sms_} * shared_blocks_per_sm_;
+      }
     }
   }
 
@@ -1017,6 +1071,8 @@ class CudaKernelEmitter : public CpuKernelEmitter {
     const absl::optional<int64_t> total_c = total.AsConst();
     const bool column = launch_.layout == CudaLayout::kColumn;
     shifted_ = !plan.shift.empty();
+    const bool shared = launch_.layout == CudaLayout::kSharedRow;
+    smem_arrays_.clear();
     PushScope();
     if (shifted_) w_.Linef("const idx_t kiln_sh = ", plan.shift, ";");
     for (const Accumulator& a : k_.accumulators) {
@@ -1056,11 +1112,25 @@ class CudaKernelEmitter : public CpuKernelEmitter {
         }
       }
       int64_t values = 0;
-      for (const auto& [key, c] : count) values += c > 1 ? chunks * width : 0;
+      for (const auto& [key, c] : count) values += c > 1 && !shared ? chunks * width : 0;
       // At most half of the registers a thread of this block size may have.
       const int64_t limit = std::min<int64_t>(cuda_.max_cached_values, 65536 / launch_.block / 2);
       if (values > limit || !cache) values = 0;
-      if (values > 0) {
+      if (shared && cache) {
+        // kSharedRow: each recurring load's slots in dynamic shared memory, one after another
+        // (each a multiple of 32 bytes: the block is a multiple of 32 threads).
+        int64_t offset = 0;
+        for (const auto& [key, c] : count) {
+          if (c < 2) continue;
+          CacheEntry e{absl::StrCat("kiln_c", cache_.size()), first[key]};
+          const std::string t = SmemType(type[key]);
+          w_.Linef(t, "* const ", e.name, " = reinterpret_cast<", t, "*>(kiln_dsmem + ", offset, ");");
+          smem_arrays_[e.name] = type[key];
+          cache_[key] = e;
+          offset += SmemBytes(type[key]) * chunks * width * group_;
+        }
+        launch_.shared_bytes = std::max<int>(launch_.shared_bytes, static_cast<int>(offset));
+      } else if (values > 0) {
         for (const auto& [key, c] : count) {
           if (c < 2) continue;
           CacheEntry e{absl::StrCat("kiln_c", cache_.size()), first[key]};
@@ -1118,7 +1188,13 @@ class CudaKernelEmitter : public CpuKernelEmitter {
       } else if (total_c) {
         // Uncached shifted rows: 4 chunks at a time (each has a vector and a scalar path; fully
         // unrolled, the 13 chunks of a 50257 f32 row spill at 64 registers; 4 take 32, no spill).
-        const bool unroll_all = !cache_.empty() || (chunks <= 16 && !(shifted_ && chunks > 4));
+        // Shared rows: only registers need constant indices (two-pass arrays of their own).
+        bool registers = !cache_.empty();
+        if (shared) {
+          registers = false;
+          for (const auto& [id, tp] : two_pass_) registers |= !tp.reuses_cache;
+        }
+        const bool unroll_all = registers || (chunks <= 16 && !(shifted_ && chunks > 4));
         w_.Raw(unroll_all ? "#pragma unroll" : "#pragma unroll 4");
         w_.Open(absl::StrCat("for (int kiln_e = 0; kiln_e < ", chunks, "; ++kiln_e)"));
         if (width == 1) {
@@ -1245,6 +1321,8 @@ class CudaKernelEmitter : public CpuKernelEmitter {
   void PlanExpReuse() {
     for (auto& [id, tp] : two_pass_) {
       if (!tp.reuses_cache) continue;
+      auto smem = smem_arrays_.find(tp.array);
+      if (smem != smem_arrays_.end() && kernel::IsHalfType(smem->second)) continue;  // 16-bit slots
       bool alone = true;
       for (const auto& [other, o] : two_pass_) alone &= other == id || o.array != tp.array;
       if (!alone) continue;
@@ -1266,11 +1344,29 @@ class CudaKernelEmitter : public CpuKernelEmitter {
     }
   }
 
-  // The register of `array` for the current chunk and vector lane.
+  // The register of `array` for the current chunk and vector lane (kSharedRow: its shared-memory
+  // slot, slot-major over the block's threads).
   std::string Slot(const std::string& array) const {
+    if (smem_arrays_.count(array)) {
+      const std::string slot =
+          width_ == 1 ? "kiln_e" : absl::StrCat("(kiln_e * ", width_, " + ", (lane_ < 0 ? 0 : lane_), ")");
+      return absl::StrCat(array, "[", slot, " * ", group_, " + kiln_lane]");
+    }
     return width_ == 1 ? absl::StrCat(array, "[kiln_e]")
                        : absl::StrCat(array, "[kiln_e * ", width_, " + ", (lane_ < 0 ? 0 : lane_), "]");
   }
+
+  // The value in Slot(array): f16/bf16 shared slots widened.
+  std::string SlotValue(const std::string& array) const {
+    auto smem = smem_arrays_.find(array);
+    if (smem == smem_arrays_.end() || !kernel::IsHalfType(smem->second)) return Slot(array);
+    Buffer b;
+    b.dtype = smem->second;
+    return Widen(b, Slot(array));
+  }
+  // A shared row cache slot's type and bytes: f16/bf16 as bit patterns.
+  std::string SmemType(ScalarType t) const { return kernel::IsHalfType(t) ? "uint16_t" : ValueType(t); }
+  static int64_t SmemBytes(ScalarType t) { return kernel::IsHalfType(t) ? 2 : kernel::ScalarTypeBytes(t); }
 
   // Pass B of the two-pass accumulators folded in `stmts`, and the all-reduces of every
   // accumulator the phase folded.
@@ -1281,6 +1377,7 @@ class CudaKernelEmitter : public CpuKernelEmitter {
           w_.Linef(value, " = kiln_cuda::warp_allreduce(", value, ", ", op, ");");
           break;
         case CudaLayout::kBlockPerRow:
+        case CudaLayout::kSharedRow:
           w_.Linef(value, " = kiln_cuda::block_allreduce<", launch_.block / 32, ">(", value, ", ", op,
                    ", kiln_smem);");
           break;
@@ -1317,7 +1414,8 @@ class CudaKernelEmitter : public CpuKernelEmitter {
         w_.Linef("const ", t, " kiln_m = ", acc, ".max == -kiln_cuda::inf<", t, ">() ? ", t,
                  "(0) : ", acc, ".max;");
       }
-      w_.Raw("#pragma unroll");
+      // Shared slots need no constant index: a loop, not chunks x lanes of straight code.
+      w_.Raw(smem_arrays_.count(two->second.array) ? "#pragma unroll 4" : "#pragma unroll");
       w_.Open(absl::StrCat("for (int kiln_e = 0; kiln_e < ", chunks, "; ++kiln_e)"));
       const bool guard = !shifted_ && total % (int64_t{group_} * width_) != 0;
       if (guard) {
@@ -1333,9 +1431,9 @@ class CudaKernelEmitter : public CpuKernelEmitter {
                    width_, " + ", j, " - kiln_sh;");
           w_.Open(absl::StrCat("if (kiln_r >= 0 && kiln_r < ", total, ")"));
         }
-        const std::string x = Slot(two->second.array);
+        const std::string x = SlotValue(two->second.array);
         if (softmax && !two->second.exp_nodes.empty()) {
-          w_.Linef(x, " = kiln_cuda::exp(", x, " - ", acc, ".max);");
+          w_.Linef(x, " = kiln_cuda::exp(", x, " - ", acc, ".max);");  // not 16-bit (PlanExpReuse)
           w_.Linef(acc, ".sum += ", x, ";");
         } else if (softmax) {
           w_.Linef(acc, ".sum += kiln_cuda::exp(", x, " - kiln_m);");
@@ -1370,6 +1468,8 @@ class CudaKernelEmitter : public CpuKernelEmitter {
   int num_sms_ = 132;
   CudaLongRows long_rows_ = CudaLongRows::kAuto;  // this kernel's (options.kernel_long_rows)
   int64_t row_grid_ = 0;  // kBlockPerRow: the grid cap of uncached long rows (0: none)
+  int shared_blocks_per_sm_ = 1;  // kSharedRow: blocks per SM by shared memory (launch bounds)
+  std::map<std::string, ScalarType> smem_arrays_;  // kSharedRow: cache arrays in shared memory
   CudaLaunch launch_;
   int group_ = 1;        // threads per row
   int smem_bytes_ = 0;   // static shared memory for the all-reduce

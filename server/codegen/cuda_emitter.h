@@ -18,7 +18,8 @@
 //   that array from a step's buffer and scalar tables.
 //
 // Launch (CudaLaunch): blockDim = (block, 1, 1) EXACTLY (row layouts map warps and lanes to rows
-// with the block size as a constant), no dynamic shared memory (static __shared__ only),
+// with the block size as a constant), `shared_bytes` of dynamic shared memory (0 but for
+// kSharedRow; cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES) above 48 KiB),
 // gridDim = (CudaGridSize(launch, scalars), 1, 1) where
 //     grid = clamp(ceil(work / work_per_block), 1, max_grid)
 // with `work` a Size over the scalars. Every kernel loops grid-stride (persistent), so ANY grid
@@ -79,13 +80,26 @@
 //     __launch_bounds__(block, 1024 / block)), lane = rank * block + threadIdx.x of a group of
 //     cluster * block threads; all-reduces go through the cluster's distributed shared memory
 //     (kiln_cuda_cluster.cuh). For rows too long for one block's registers (read once from HBM,
-//     cached in the cluster's registers) and for fewer rows than SMs (a split reduction). The
+//     cached in the cluster's registers; with rows enough, kSharedRow takes those whose cache
+//     fits a block's shared memory) and for fewer rows than SMs (a split reduction). The
 //     grid is a multiple of `cluster` (CudaGridSize rounds it); the kernel ends with a cluster
 //     barrier. Shared memory comes from cluster_smem (emulation gives each block its own).
 //     Rows too long for one block but with rows enough (>= kClusterRowsPerSm per SM) stay
 //     kBlockPerRow, uncached, with a grid capped so that the rows in flight fit the L2
 //     (UncachedRowGrid): pass 2 re-reads its row from L2. CudaEmitOptions::long_rows forces
 //     either layout.
+//   * kSharedRow (sm_80+, static lengths; cuda_long_rows.h ChooseSharedRows decides): kBlockPerRow
+//     whose row cache lives in dynamic shared memory (kiln_cuda::dynamic_smem(), launch.shared_bytes)
+//     instead of registers, for rows too long for a block's registers with rows enough (>= one
+//     per SM): HBM is read once, and several blocks share an SM. The cache is slot-major, element
+//     (slot, thread) at [slot * block + threadIdx.x] with slot = chunk * width + lane (consecutive
+//     threads, consecutive banks); f16/bf16 loads are kept as their 16-bit patterns and widened
+//     at each read (no exp reuse into them), others as their value type. A thread reads back only
+//     the slots it wrote, so the cache needs no barrier of its own (a row's next fill follows
+//     the all-reduces of the row before). Two-pass statistics read the cached load; values that
+//     are not a cached load keep registers (within the budget) or the online rule. The grid is
+//     one wave of blocks over the SMs, as many as fit by shared memory
+//     (__launch_bounds__(block, that many)), grid-stride over the rows.
 //
 // Guarantees: as the CPU emitter (names generated only; no graph strings; constants exact).
 // Accumulation is fp32 for f16/bf16 data (the IR's accumulators are f32/f64); NaN propagates.
@@ -100,12 +114,16 @@
 
 namespace kiln::codegen {
 
-// Rows too long for one block's registers, on sm_90+ (cuda_long_rows.h).
+// Rows too long for one block's registers (cuda_long_rows.h; clusters on sm_90+ only).
 enum class CudaLongRows {
-  kAuto,         // cuda_long_rows.h decides: clusters for few rows, one uncached block otherwise
+  kAuto,         // cuda_long_rows.h decides: rows enough whose cache fits shared memory take
+                 // kSharedRow, few rows (and longer ones) clusters
   kBlockPerRow,  // never kClusterRow: one block per row (uncached past its registers; pass 2
                  // re-reads the row, from L2 when the grid keeps few enough rows in flight)
   kCluster,      // kClusterRow wherever a cluster's registers hold the row (rows2's choice)
+  kShared,       // kSharedRow wherever some load recurs along a static row and its cache fits
+                 // one block's shared memory (at one block per SM if need be); elsewhere as
+                 // kCluster (sm_90+) or one uncached block
 };
 
 struct CudaEmitOptions {
@@ -121,18 +139,22 @@ struct CudaEmitOptions {
   int row_values = 32;       // row kernels: cached values per thread a block size aims at
   int max_row_block = 1024;  // row kernels: the largest block
   int max_cluster = 8;       // kClusterRow: blocks per cluster (< 2: never; sm_8x: never)
+  int shared_row_blocks_per_sm = 2;  // kAuto takes kSharedRow where this many blocks fit an SM
+                                     // (cuda_long_rows.h; 0: never, 1: up to ~226 KiB a block)
+  int shared_row_block = 512;        // kSharedRow: threads per block (at most max_row_block)
   CudaLongRows long_rows = CudaLongRows::kAuto;
   std::vector<CudaLongRows> kernel_long_rows;  // by kernel index, overriding long_rows where
                                                // given (fixtures comparing layouts side by side)
 };
 
-enum class CudaLayout { kPointwise, kWarpPerRow, kBlockPerRow, kColumn, kTiled, kClusterRow };
+enum class CudaLayout { kPointwise, kWarpPerRow, kBlockPerRow, kColumn, kTiled, kClusterRow, kSharedRow };
 const char* CudaLayoutName(CudaLayout layout);  // "pointwise", "warp_per_row", ...
 
 struct CudaLaunch {
   CudaLayout layout = CudaLayout::kPointwise;
   int block = 256;
-  int shared_bytes = 0;  // dynamic shared memory; always 0 (static __shared__ is in the cubin)
+  int shared_bytes = 0;  // dynamic shared memory: kSharedRow's row cache, else 0 (static
+                         // __shared__ is in the cubin); > 48 KiB needs the opt-in attribute
   kernel::Size work;     // pointwise: elements; rows: outer points
   int64_t work_per_block = 1;
   int64_t max_grid = 1;

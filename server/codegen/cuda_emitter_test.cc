@@ -613,6 +613,99 @@ extern "C" __global__ void __cluster_dims__(4, 1, 1) __launch_bounds__(512, 2) k
   EXPECT_EQ(CudaGridSize(launch, {1 << 20}).value() % 4, 0);
 }
 
+TEST(CudaEmitterGolden, LongRowsWithRowsEnoughAreCachedInSharedMemory) {
+  // The vocabulary softmax (bf16, 50257 columns, rows unknown): one block of 512 per row, the row
+  // as bf16 bit patterns in dynamic shared memory, slot-major (element (slot, thread) at
+  // [slot * 512 + threadIdx.x]), widened at each read; two per SM. Scalar (vectorize = false)
+  // to keep the golden short; the vector path is checked below.
+  CudaLaunch launch;
+  std::string src = EmitOne(kt::RowSoftmaxBf16(50257), /*vectorize=*/false, &launch);
+  EXPECT_EQ(launch.layout, CudaLayout::kSharedRow);
+  EXPECT_EQ(launch.block, 512);
+  EXPECT_EQ(launch.shared_bytes, 99 * 512 * 2);
+  EXPECT_EQ(launch.cached_values, 0);
+  EXPECT_EQ(launch.max_grid, 264);
+  EXPECT_EQ(src, R"(// kiln_kernel_0: shared_row, 1 outer dims, 1 reduction dims, 2 phases, vector width 1, 0 cached values per thread, 101376 bytes of shared row cache per block
+template <typename idx_t>
+KILN_DEV void kiln_kernel_0_body(const uint16_t* __restrict__ b0, uint16_t* __restrict__ b1, int64_t n0, unsigned char* kiln_smem) {
+  const int kiln_lane = threadIdx.x;
+  unsigned char* const kiln_dsmem = kiln_cuda::dynamic_smem();
+  for (idx_t kiln_u = blockIdx.x; kiln_u < n0; kiln_u += gridDim.x) {
+    const idx_t o0 = kiln_u;
+    kiln_cuda::OnlineSoftmax<float> acc0;
+    uint16_t* const kiln_c0 = reinterpret_cast<uint16_t*>(kiln_dsmem + 0);
+    // phase 0
+#pragma unroll 4
+    for (int kiln_e = 0; kiln_e < 99; ++kiln_e) {
+      const idx_t kiln_rb = static_cast<idx_t>(kiln_e) * 512 + kiln_lane;
+      if (kiln_rb < 50257) {
+        const idx_t kiln_r = kiln_rb;
+        const idx_t r0 = kiln_r;
+        const uint16_t v0 = b0[o0 * 50257 + r0];
+        kiln_c0[kiln_e * 512 + kiln_lane] = v0;
+        const float v1 = kiln_cuda::bf16_to_f32(v0);
+        acc0.max = kiln_cuda::max_nan(acc0.max, v1);
+      }
+    }
+    acc0.max = kiln_cuda::block_allreduce<16>(acc0.max, kiln_cuda::MaxOp(), kiln_smem);
+    {
+      const float kiln_m = acc0.max == -kiln_cuda::inf<float>() ? float(0) : acc0.max;
+#pragma unroll 4
+      for (int kiln_e = 0; kiln_e < 99; ++kiln_e) {
+        if ((static_cast<idx_t>(kiln_e) * 512 + kiln_lane) < 50257) {
+          acc0.sum += kiln_cuda::exp(kiln_cuda::bf16_to_f32(kiln_c0[kiln_e * 512 + kiln_lane]) - kiln_m);
+        }
+      }
+    }
+    acc0.sum = kiln_cuda::block_allreduce<16>(acc0.sum, kiln_cuda::SumOp(), kiln_smem);
+    // phase 1
+#pragma unroll 4
+    for (int kiln_e = 0; kiln_e < 99; ++kiln_e) {
+      const idx_t kiln_rb = static_cast<idx_t>(kiln_e) * 512 + kiln_lane;
+      if (kiln_rb < 50257) {
+        const idx_t kiln_r = kiln_rb;
+        const idx_t r0 = kiln_r;
+        const float v2 = kiln_cuda::bf16_to_f32(kiln_c0[kiln_e * 512 + kiln_lane]);
+        const float v3 = v2 - acc0.max;
+        const float v4 = kiln_cuda::exp(v3);
+        const float v5 = v4 * (float(1) / acc0.sum);
+        b1[o0 * 50257 + r0] = kiln_cuda::f32_to_bf16(v5);
+      }
+    }
+  }
+}
+extern "C" __global__ void __launch_bounds__(512, 2) kiln_kernel_0(const uint16_t* __restrict__ b0, uint16_t* __restrict__ b1, int64_t n0) {
+  alignas(16) __shared__ unsigned char kiln_smem[256];
+  if (50257.0 * static_cast<double>(n0) <= 2143289343.0) {
+    kiln_kernel_0_body<int32_t>(b0, b1, n0, kiln_smem);
+  }
+  else {
+    kiln_kernel_0_body<int64_t>(b0, b1, n0, kiln_smem);
+  }
+}
+)");
+  // Vectors of 8 shifted to each row's alignment: 13 chunks of 8 slots per thread (104 KiB).
+  src = EmitOne(kt::RowSoftmaxBf16(50257), /*vectorize=*/true, &launch);
+  EXPECT_EQ(launch.layout, CudaLayout::kSharedRow);
+  EXPECT_EQ(launch.vector_width, 8);
+  EXPECT_EQ(launch.shared_bytes, 13 * 8 * 512 * 2);
+  EXPECT_EQ(launch.max_grid, 264);
+  EXPECT_TRUE(absl::StrContains(src, "__launch_bounds__(512, 2)")) << src;
+  EXPECT_TRUE(absl::StrContains(src, "uint16_t* const kiln_c0 = reinterpret_cast<uint16_t*>(kiln_dsmem + 0);"));
+  EXPECT_EQ(Count(src, "kiln_c0[(kiln_e * 8 + 7) * 512 + kiln_lane] = v"), 2) << "vector and edge lanes fill";
+  EXPECT_EQ(Count(src, "kiln_cuda::bf16_to_f32(kiln_c0[(kiln_e * 8 + 7) * 512 + kiln_lane])"), 3)
+      << "pass B and phase 1 (vector and edge lanes) read and widen";
+  EXPECT_FALSE(absl::StrContains(src, "] = kiln_cuda::exp(")) << "no exps into 16-bit slots";
+  // A layer norm's Welford reads the cached bf16 row in its pass B too.
+  src = EmitOne(kt::LayerNormBf16(50257, 1e-5f), /*vectorize=*/true, &launch);
+  EXPECT_EQ(launch.layout, CudaLayout::kSharedRow);
+  EXPECT_EQ(launch.shared_bytes, 13 * 8 * 512 * 2);
+  EXPECT_TRUE(absl::StrContains(src, ".mean;")) << src;
+  // f32 rows too long for registers need one block per SM (not by default), as bf16 65536.
+  EmitOne(kt::RowSoftmax(40000, false), true, &launch);
+  EXPECT_EQ(launch.layout, CudaLayout::kClusterRow);
+}
+
 TEST(CudaEmitter, ClustersOnlyOnSm90AndForFewLongRowsOrRowsTooLongForABlock) {
   CudaLaunch launch;
   // sm_80 has no clusters: one block per row, not cached.
@@ -625,11 +718,12 @@ TEST(CudaEmitter, ClustersOnlyOnSm90AndForFewLongRowsOrRowsTooLongForABlock) {
   EXPECT_EQ(s80->launches[0].layout, CudaLayout::kBlockPerRow);
   EXPECT_EQ(s80->launches[0].cluster, 1);
   EXPECT_FALSE(absl::StrContains(s80->source.substr(s80->prelude.size()), "cluster"));
-  // The vocabulary softmax: odd length, bf16 (vectors of 8 shifted to each row's alignment): by
-  // default a cluster (cuda_long_rows.h: the uncached block lost on the H200).
+  // The vocabulary softmax: odd length, bf16 (vectors of 8 shifted to each row's alignment), an
+  // unknown number of rows: by default one block per row caching it in shared memory
+  // (cuda_long_rows.h; golden below).
   std::string src = EmitOne(kt::RowSoftmaxBf16(50257), true, &launch);
-  EXPECT_EQ(launch.layout, CudaLayout::kClusterRow);
-  EXPECT_EQ(launch.cluster, 5);
+  EXPECT_EQ(launch.layout, CudaLayout::kSharedRow);
+  EXPECT_EQ(launch.cluster, 1);
   // Forced to one uncached block of 1024 per row, read twice, with two blocks per SM at most
   // (264 rows in flight fit kL2RowBytes).
   CudaEmitOptions blocks;

@@ -318,7 +318,34 @@ std::vector<Case> ClusterCases() {
   return c;
 }
 
-void RunCases(std::vector<Case> cases, const CudaEmitOptions& options, bool expect_clusters) {
+// Rows cached in a block's dynamic shared memory (kSharedRow, forced), with the small limits of
+// the cluster cases (128 threads a block): f32 slots (softmax's exps overwrite them), bf16 slots
+// widened at each read (softmax, layer norm, rms norm), odd lengths with shifted vectors (50257),
+// lengths that are not a multiple of the block's chunk (4100, 3000), misaligned and staggered
+// pointers (scalar paths), NaN and -inf rows, and rows of a small grid reusing the slots.
+std::vector<Case> SharedCases() {
+  std::vector<Case> c;
+  c.push_back({"shared_softmax_3001", kt::RowSoftmax(3001, false), {5}});
+  c.push_back({"shared_softmax_4100", kt::RowSoftmax(4100, false), {4}});
+  c.push_back({"shared_softmax_4100_misaligned", kt::RowSoftmax(4100, false), {3}, true});
+  c.push_back({"shared_softmax_specials", kt::RowSoftmax(3001, false), {4}, false, 2, 3001});
+  c.push_back({"shared_log_softmax_5000_specials", kt::RowSoftmax(5000, true), {3}, false, 3, 5000});
+  c.push_back({"shared_log_softmax_50257", kt::RowSoftmax(50257, true), {2}});
+  c.push_back({"shared_layer_norm_3000", kt::LayerNorm(3000, 1e-5f), {5}});
+  c.push_back({"shared_layer_norm_bf16_3001", kt::LayerNormBf16(3001, 1e-5f), {3}});
+  c.push_back({"shared_softmax_bf16_50257", kt::RowSoftmaxBf16(50257), {3}, false, 2});
+  c.push_back({"shared_softmax_bf16_50257_misaligned", kt::RowSoftmaxBf16(50257), {2}, true});
+  c.push_back({"shared_layer_norm_bf16_50257_misaligned", kt::LayerNormBf16(50257, 1e-5f), {2}, true});
+  c.push_back({"shared_softmax_bf16_4096_misaligned", kt::RowSoftmaxBf16(4096), {3}, true});
+  c.push_back({"shared_softmax_plus_input_3001", SoftmaxPlusInput(3001), {4}, false, 3, 3001});
+  c.push_back({"shared_rms_norm_bf16_3000", kt::RmsNorm(3000, 1e-6f, true), {3}});
+  c.push_back({"shared_softmax_bf16_3001_staggered", kt::RowSoftmaxBf16(3001), {4}, false, 3, 0, true});
+  return c;
+}
+
+enum class Expect { kOneBlock, kCluster, kShared };
+
+void RunCases(std::vector<Case> cases, const CudaEmitOptions& options, Expect expect) {
   std::vector<Kernel> kernels;
   for (Case& c : cases) {
     ASSERT_TRUE(c.kernel.ok()) << c.name << ": " << c.kernel.status();
@@ -336,7 +363,7 @@ void RunCases(std::vector<Case> cases, const CudaEmitOptions& options, bool expe
     absl::StrAppend(&host, "extern \"C\" __attribute__((visibility(\"default\"))) void kiln_emulate_",
                     i, "(void* const* b, const int64_t* s) { kiln_emu::Launch(kiln_kernel_", i,
                     ", b, s, static_cast<int>(s[", ns, "]), static_cast<int>(s[", ns + 1,
-                    "]), static_cast<int>(s[", ns + 2, "])); }\n");
+                    "]), static_cast<int>(s[", ns + 2, "]), static_cast<int>(s[", ns + 3, "])); }\n");
   }
   toolchain::CompileOptions co;
   co.timeout = absl::Seconds(600);
@@ -383,7 +410,9 @@ void RunCases(std::vector<Case> cases, const CudaEmitOptions& options, bool expe
     for (Storage& s : gpu_bufs) gp.push_back(s.ptr());
     for (Storage& s : cpu_bufs) cp.push_back(s.ptr());
     const CudaLaunch& launch = cuda->launches[i];
-    EXPECT_EQ(launch.layout == CudaLayout::kClusterRow, expect_clusters) << c.name;
+    EXPECT_EQ(launch.layout == CudaLayout::kClusterRow, expect == Expect::kCluster) << c.name;
+    EXPECT_EQ(launch.layout == CudaLayout::kSharedRow, expect == Expect::kShared) << c.name;
+    EXPECT_EQ(launch.shared_bytes > 0, expect == Expect::kShared) << c.name;
     absl::StatusOr<int64_t> grid = CudaGridSize(launch, c.scalars);
     ASSERT_TRUE(grid.ok()) << grid.status();
     ASSERT_EQ(*grid % launch.cluster, 0);
@@ -392,12 +421,13 @@ void RunCases(std::vector<Case> cases, const CudaEmitOptions& options, bool expe
     gs.push_back(launch.cluster * std::min<int64_t>(*grid / launch.cluster, c.max_grid));
     gs.push_back(launch.block);
     gs.push_back(launch.cluster);
+    gs.push_back(launch.shared_bytes);
     ASSERT_EQ(kiln_run_kernel(cm, ck, cp.data(), c.scalars.data()), KILN_OK);
     ASSERT_EQ(kiln_run_kernel(gm, gk, gp.data(), gs.data()), KILN_OK);
     for (size_t b = 0; b < k.buffers.size(); ++b) {
       const std::string diff = Compare(gpu_bufs[b], cpu_bufs[b], k.buffers[b].dtype);
       EXPECT_EQ(diff, "") << c.name << " (" << CudaLayoutName(launch.layout) << ", grid "
-                          << gs[gs.size() - 3] << ", block " << launch.block << ", cluster "
+                          << gs[gs.size() - 4] << ", block " << launch.block << ", cluster "
                           << launch.cluster << ", vector width "
                           << launch.vector_width << "): buffer b" << b << ": " << diff;
     }
@@ -409,17 +439,25 @@ void RunCases(std::vector<Case> cases, const CudaEmitOptions& options, bool expe
 TEST(CudaEmulation, GeneratedCudaKernelsMatchTheCpuKernels) {
   CudaEmitOptions options;
   options.max_cluster = 1;  // the one-block layouts (clusters below)
-  RunCases(Cases(), options, false);
+  RunCases(Cases(), options, Expect::kOneBlock);
 }
 
-TEST(CudaEmulation, ClusterRowKernelsMatchTheCpuKernels) { RunCases(ClusterCases(), ClusterOptions(), true); }
+TEST(CudaEmulation, ClusterRowKernelsMatchTheCpuKernels) {
+  RunCases(ClusterCases(), ClusterOptions(), Expect::kCluster);
+}
 
 // The same rows, too long for one block's registers, as one uncached block per row (read twice,
 // shifted vectors four chunks at a time, the grid capped to whole blocks per SM).
 TEST(CudaEmulation, UncachedLongRowKernelsMatchTheCpuKernels) {
   CudaEmitOptions options = ClusterOptions();
   options.long_rows = CudaLongRows::kBlockPerRow;
-  RunCases(ClusterCases(), options, false);
+  RunCases(ClusterCases(), options, Expect::kOneBlock);
+}
+
+TEST(CudaEmulation, SharedRowKernelsMatchTheCpuKernels) {
+  CudaEmitOptions options = ClusterOptions();
+  options.long_rows = CudaLongRows::kShared;
+  RunCases(SharedCases(), options, Expect::kShared);
 }
 
 }  // namespace

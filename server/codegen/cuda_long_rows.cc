@@ -54,6 +54,46 @@ int64_t UncachedRowGrid(const ClusterRowFacts& facts, const ClusterRowLimits& li
   return int64_t{limits.num_sms} * std::max<int64_t>(1, std::min(fit, by_threads));
 }
 
+SharedMemorySize SharedMemoryOf(const std::string& arch) {
+  if (arch.rfind("sm_", 0) != 0) return {};
+  int number = 0;
+  for (size_t i = 3; i < arch.size() && arch[i] >= '0' && arch[i] <= '9' && number < 10000; ++i) {
+    number = number * 10 + (arch[i] - '0');
+  }
+  constexpr int64_t kKiB = 1024;
+  if (number == 80 || number == 87) return {164 * kKiB, 163 * kKiB};  // A100, Orin
+  if (number == 86 || number == 89 || (number >= 120 && number < 130)) return {100 * kKiB, 99 * kKiB};
+  if (number >= 90) return {228 * kKiB, 227 * kKiB};                   // H100/H200, B200
+  return {};
+}
+
+int64_t SharedRowBytes(const ClusterRowFacts& facts, int block) {
+  const int64_t w = std::max(1, facts.vector_width);
+  const int64_t chunks = (facts.length + block * w - 1) / (block * w);
+  return facts.element_bytes * chunks * w * block;
+}
+
+absl::optional<SharedRowChoice> ChooseSharedRows(const ClusterRowFacts& facts,
+                                                 const ClusterRowLimits& limits, bool forced) {
+  if (facts.length <= 0 || facts.recurring_loads == 0 || facts.element_bytes <= 0) return absl::nullopt;
+  if (limits.shared_bytes_per_sm <= 0 || limits.max_row_block < 32) return absl::nullopt;
+  if (!forced) {
+    if (limits.shared_row_blocks_per_sm < 1 || OneBlockCaches(facts, limits)) return absl::nullopt;
+    // Few rows: a cluster spreads each over several SMs (where there are clusters).
+    if (facts.rows && *facts.rows < limits.num_sms && limits.max_cluster >= 2) return absl::nullopt;
+  }
+  SharedRowChoice c;
+  c.block = std::max(32, std::min(limits.shared_row_block, limits.max_row_block)) / 32 * 32;
+  c.bytes = SharedRowBytes(facts, c.block);
+  const int64_t per_block = c.bytes + limits.static_shared_bytes;
+  if (per_block > limits.max_shared_bytes_per_block) return absl::nullopt;
+  const int64_t by_smem = limits.shared_bytes_per_sm / (per_block + limits.reserved_shared_bytes);
+  const int64_t by_threads = kThreadsPerSm / c.block;
+  c.blocks_per_sm = static_cast<int>(std::max<int64_t>(1, std::min(by_smem, by_threads)));
+  if (!forced && by_smem < limits.shared_row_blocks_per_sm) return absl::nullopt;
+  return c;
+}
+
 bool ArchHasClusters(const std::string& arch) {
   if (arch.rfind("sm_", 0) != 0) return false;
   int number = 0;

@@ -1,7 +1,8 @@
 #ifndef KILN_SERVER_CODEGEN_CUDA_LONG_ROWS_H_
 #define KILN_SERVER_CODEGEN_CUDA_LONG_ROWS_H_
 
-// Long rows on sm_90+: the kClusterRow layout of the CUDA emitter (cuda_emitter.h). One row
+// Long rows: the kClusterRow layout (sm_90+) and the kSharedRow layout (sm_80+, see below) of the
+// CUDA emitter (cuda_emitter.h). kClusterRow: one row
 // (outer point) is spread over the blocks of a thread-block cluster (`cluster` blocks of `block`
 // threads, __cluster_dims__(cluster, 1, 1)), which split it as one group of cluster * block
 // threads: thread t of the block of rank c is lane c * block + t of the row. Each phase's
@@ -23,6 +24,14 @@
 // kClusterRowsPerSm * SMs -> one uncached block per row; fewer -> a cluster caching the row.
 // kClusterRowsPerSm = 0 gives the uncached block to every count of rows that fits the L2 test,
 // a huge value (or l2_row_bytes = 0) restores clusters wherever their registers hold the row.
+//
+// Shared rows (sm_80+, the emitter's kSharedRow layout): one block per row whose recurring loads
+// are cached in the block's dynamic shared memory instead of registers (f16/bf16 as their 16-bit
+// bit patterns, so a 50257-column bf16 row takes ~104 KB). ChooseSharedRows takes them for static
+// rows too long for one block's registers whose cache fits `shared_row_blocks_per_sm` blocks per
+// SM (2 by default: <= ~112 KiB a block on sm_90, ~80 KiB on sm_80) and rows enough (>= one per
+// SM, or an unknown count; on archs without clusters any count); fewer rows keep clusters. The
+// grid is one wave of the blocks that fit an SM by shared memory (persistent over the rows).
 
 #include <cstdint>
 #include <string>
@@ -38,6 +47,8 @@ struct ClusterRowFacts {
   int vector_width = 1;               // elements per vector access along the row (1: scalar)
   int64_t row_bytes = 0;              // bytes of the recurring loads of one row (what pass 2
                                       // of an uncached row reads again)
+  int64_t element_bytes = 0;          // bytes of one element of each recurring load, summed (the
+                                      // shared row cache: 2 for f16/bf16, 4 for f32...)
 };
 
 // Rows per SM from which a row too long for one block is read twice by one block (pass 2 from
@@ -61,7 +72,40 @@ struct ClusterRowLimits {
   // of copy): bf16 65536 33.8% vs 55.3%, log_softmax 131072 47.6% vs 74.4%, bf16 50257 32.2% vs
   // 32.6%. kL2RowBytes turns it on for experiments.
   int64_t l2_row_bytes = 0;
+  // Shared rows (ChooseSharedRows). The arch's shared memory (SharedMemoryOf; 0: never).
+  int64_t shared_bytes_per_sm = 228 * 1024;
+  int64_t max_shared_bytes_per_block = 227 * 1024;
+  int64_t reserved_shared_bytes = 1024;  // per block, taken by the system (sm_80+)
+  int64_t static_shared_bytes = 0;       // the kernel's static __shared__ (the all-reduce slots)
+  // kAuto takes shared rows whose cache lets this many blocks share an SM (2: ~112 KiB a block
+  // on sm_90; 1: up to ~226 KiB at one block per SM; 0: never automatically).
+  int shared_row_blocks_per_sm = 2;
+  int shared_row_block = 512;  // threads per block (at most max_row_block)
 };
+
+// Shared memory of an arch: per SM and the most one block may have (opt-in), in bytes; zeros for
+// archs before sm_80 or unknown ones (no shared rows).
+struct SharedMemorySize {
+  int64_t per_sm = 0;
+  int64_t per_block = 0;
+};
+SharedMemorySize SharedMemoryOf(const std::string& arch);
+
+struct SharedRowChoice {
+  int block = 1;             // threads per block
+  int64_t bytes = 0;         // dynamic shared memory per block: the row cache
+  int blocks_per_sm = 1;     // blocks that fit an SM by shared memory and threads (the grid cap)
+};
+
+// The shared-row layout for a row kernel of static length, or nullopt (see above). `forced`
+// (CudaLongRows::kShared): whenever some load recurs and the cache fits one block, whatever the
+// row count or register fit.
+absl::optional<SharedRowChoice> ChooseSharedRows(const ClusterRowFacts& facts,
+                                                 const ClusterRowLimits& limits, bool forced);
+
+// Bytes of shared memory caching a row's recurring loads with blocks of `block` threads: slot
+// (chunk * width + lane, thread), chunks = ceil(length / (block * width)).
+int64_t SharedRowBytes(const ClusterRowFacts& facts, int block);
 
 struct ClusterRowChoice {
   int cluster = 1;  // blocks per cluster, 2..max_cluster

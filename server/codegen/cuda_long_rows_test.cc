@@ -154,5 +154,117 @@ TEST(ChooseClusterRows, SmallLimitsForEmulation) {
   EXPECT_EQ(c->cluster, 3);
 }
 
+// A row of `length` elements of `element_bytes` each in one recurring load (shifted rows: the
+// emitter passes length + width - 1).
+ClusterRowFacts Row(int64_t length, absl::optional<int64_t> rows, int width, int64_t element_bytes) {
+  ClusterRowFacts f = WithBytes(Facts(length, rows, 1, width), element_bytes);
+  f.element_bytes = element_bytes;
+  return f;
+}
+
+ClusterRowLimits Sm80() {
+  ClusterRowLimits limits;
+  limits.num_sms = 108;
+  limits.max_cluster = 0;  // the emitter's limits for an arch without clusters
+  limits.shared_bytes_per_sm = SharedMemoryOf("sm_80").per_sm;
+  limits.max_shared_bytes_per_block = SharedMemoryOf("sm_80").per_block;
+  limits.static_shared_bytes = 256;
+  return limits;
+}
+
+TEST(ChooseSharedRows, SharedMemoryByArch) {
+  EXPECT_EQ(SharedMemoryOf("sm_90").per_sm, 228 * 1024);
+  EXPECT_EQ(SharedMemoryOf("sm_90a").per_block, 227 * 1024);
+  EXPECT_EQ(SharedMemoryOf("sm_100").per_sm, 228 * 1024);
+  EXPECT_EQ(SharedMemoryOf("sm_80").per_sm, 164 * 1024);
+  EXPECT_EQ(SharedMemoryOf("sm_80").per_block, 163 * 1024);
+  EXPECT_EQ(SharedMemoryOf("sm_89").per_sm, 100 * 1024);
+  EXPECT_EQ(SharedMemoryOf("sm_75").per_sm, 0);
+  EXPECT_EQ(SharedMemoryOf("compute_90").per_sm, 0);
+}
+
+TEST(ChooseSharedRows, RowsTooLongForRegistersWithRowsEnoughShareAnSmTwoBlocksAtATime) {
+  ClusterRowLimits limits;
+  limits.static_shared_bytes = 256;
+  // bf16 4096 x 50257 (shifted vectors of 8: 50264): 512 threads x 13 chunks x 8 x 2 bytes.
+  absl::optional<SharedRowChoice> c = ChooseSharedRows(Row(50264, int64_t{4096}, 8, 2), limits, false);
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->block, 512);
+  EXPECT_EQ(c->bytes, 106496);
+  EXPECT_EQ(c->blocks_per_sm, 2);
+  // Rows unknown, or one per SM: the same. Fewer rows than SMs: clusters (split rows).
+  EXPECT_TRUE(ChooseSharedRows(Row(50264, absl::nullopt, 8, 2), limits, false));
+  EXPECT_TRUE(ChooseSharedRows(Row(50264, int64_t{132}, 8, 2), limits, false));
+  EXPECT_FALSE(ChooseSharedRows(Row(50264, int64_t{131}, 8, 2), limits, false));
+  // The layer norm of the same rows (one recurring load).
+  EXPECT_TRUE(ChooseSharedRows(Row(50264, int64_t{4096}, 8, 2), limits, false));
+  // bf16 65536 (128 KiB) and f32 50257 (196 KiB): one block per SM only, not by default...
+  EXPECT_FALSE(ChooseSharedRows(Row(65536, int64_t{4096}, 8, 2), limits, false));
+  EXPECT_FALSE(ChooseSharedRows(Row(50260, int64_t{4096}, 4, 4), limits, false));
+  // ...unless the limits allow one block per SM.
+  ClusterRowLimits one = limits;
+  one.shared_row_blocks_per_sm = 1;
+  c = ChooseSharedRows(Row(65536, int64_t{4096}, 8, 2), one, false);
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->bytes, 131072);
+  EXPECT_EQ(c->blocks_per_sm, 1);
+  c = ChooseSharedRows(Row(50260, int64_t{4096}, 4, 4), one, false);
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->bytes, 25 * 4 * 512 * 4);
+  EXPECT_EQ(c->blocks_per_sm, 1);
+  // f32 65536 (256 KiB) fits no block; rows a block's registers hold stay there.
+  EXPECT_FALSE(ChooseSharedRows(Row(65536, int64_t{4096}, 4, 4), one, false));
+  EXPECT_FALSE(ChooseSharedRows(Row(32768, int64_t{2048}, 4, 4), one, false));
+  EXPECT_FALSE(ChooseSharedRows(Row(16384, int64_t{2048}, 8, 2), one, false));
+  // Never automatically with 0 blocks per SM; never when nothing recurs.
+  ClusterRowLimits never = limits;
+  never.shared_row_blocks_per_sm = 0;
+  EXPECT_FALSE(ChooseSharedRows(Row(50264, int64_t{4096}, 8, 2), never, false));
+  ClusterRowFacts sums = Row(50264, int64_t{4096}, 8, 2);
+  sums.recurring_loads = 0;
+  sums.element_bytes = 0;
+  EXPECT_FALSE(ChooseSharedRows(sums, limits, true));
+}
+
+TEST(ChooseSharedRows, ForcedWheneverTheCacheFitsOneBlock) {
+  ClusterRowLimits limits;
+  limits.static_shared_bytes = 256;
+  // f32 2048 x 32768 (registers by default): 128 KiB, one block per SM.
+  absl::optional<SharedRowChoice> c = ChooseSharedRows(Row(32768, int64_t{2048}, 4, 4), limits, true);
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->bytes, 131072);
+  EXPECT_EQ(c->blocks_per_sm, 1);
+  // Few rows, bf16 65536 at one block per SM; f32 65536 does not fit.
+  c = ChooseSharedRows(Row(65536, int64_t{64}, 8, 2), limits, true);
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->blocks_per_sm, 1);
+  EXPECT_FALSE(ChooseSharedRows(Row(65536, int64_t{4096}, 4, 4), limits, true));
+  // Short rows: as many blocks as fit by threads.
+  c = ChooseSharedRows(Row(4096, int64_t{4096}, 4, 4), limits, true);
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->bytes, 16384);
+  EXPECT_EQ(c->blocks_per_sm, 4);
+}
+
+TEST(ChooseSharedRows, Sm80HasLessSharedMemoryAndNoClusters) {
+  const ClusterRowLimits limits = Sm80();
+  // bf16 50257: 104 KiB, two blocks do not fit 164 KiB: not by default; one per SM does.
+  EXPECT_FALSE(ChooseSharedRows(Row(50264, int64_t{4096}, 8, 2), limits, false));
+  ClusterRowLimits one = limits;
+  one.shared_row_blocks_per_sm = 1;
+  absl::optional<SharedRowChoice> c = ChooseSharedRows(Row(50264, int64_t{4096}, 8, 2), one, false);
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->blocks_per_sm, 1);
+  // No clusters: few rows are cached in shared memory too.
+  EXPECT_TRUE(ChooseSharedRows(Row(50264, int64_t{16}, 8, 2), one, false));
+  // bf16 40000 (80 KiB at 512 threads): two blocks per SM.
+  c = ChooseSharedRows(Row(40000, int64_t{4096}, 8, 2), limits, false);
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->bytes, 10 * 8 * 512 * 2);
+  EXPECT_EQ(c->blocks_per_sm, 2);
+  // f32 50257 fits no A100 block.
+  EXPECT_FALSE(ChooseSharedRows(Row(50260, int64_t{4096}, 4, 4), limits, true));
+}
+
 }  // namespace
 }  // namespace kiln::codegen

@@ -94,6 +94,37 @@ TEST(CudaNvrtc, EveryKernelCompilesForSm80AndSm90) {
   }
 }
 
+// Rows cached in dynamic shared memory (kSharedRow, forced on both archs; sm_90 picks it for the
+// bf16 50257 rows by default): f32 and bf16 slots, shifted vectors, Welford, log_softmax.
+TEST(CudaNvrtc, SharedRowKernelsCompileForSm80AndSm90) {
+  if (!HaveNvrtc()) GTEST_SKIP() << "NVRTC not found";
+  std::vector<Kernel> kernels;
+  for (absl::StatusOr<Kernel> k : {kt::RowSoftmaxBf16(50257), kt::LayerNormBf16(50257, 1e-5f),
+                                   kt::RowSoftmax(32768, true), kt::RowSoftmax(40000, false),
+                                   kt::RmsNorm(65536, 1e-6f, true), kt::LayerNorm(20000, 1e-5f)}) {
+    ASSERT_TRUE(k.ok()) << k.status();
+    kernels.push_back(*k);
+  }
+  for (const char* arch : {"sm_80", "sm_90"}) {
+    CudaEmitOptions emit;
+    emit.arch = arch;
+    emit.long_rows = CudaLongRows::kShared;
+    absl::StatusOr<CudaSource> all = EmitCudaSource(kernels, emit);
+    ASSERT_TRUE(all.ok()) << all.status();
+    for (size_t i = 0; i < kernels.size(); ++i) {
+      EXPECT_EQ(all->launches[i].layout, CudaLayout::kSharedRow) << arch << " kernel " << i;
+      EXPECT_GT(all->launches[i].shared_bytes, 48 * 1024) << arch << " kernel " << i;
+      EXPECT_LE(all->launches[i].shared_bytes, std::string(arch) == "sm_80" ? 163 * 1024 : 227 * 1024);
+    }
+    absl::StatusOr<toolchain::CudaBinary> bin =
+        toolchain::CompileCuda(all->source, arch, /*ptx=*/false, Options());
+    ASSERT_TRUE(bin.ok()) << arch << ": " << bin.status();
+    EXPECT_EQ(ElfMachine(bin->bytes), 190) << arch << " (EM_CUDA)";
+    fprintf(stderr, "%s: %zu shared-row kernels, %zu-byte cubin, %.0f ms\n", arch, kernels.size(),
+            bin->bytes.size(), absl::ToDoubleMilliseconds(bin->elapsed));
+  }
+}
+
 TEST(CudaNvrtc, TheHelpersAloneCompile) {
   if (!HaveNvrtc()) GTEST_SKIP() << "NVRTC not found";
   absl::StatusOr<CudaSource> none = EmitCudaSource({});

@@ -60,7 +60,18 @@ absl::StatusOr<Kernel> AddF32(int64_t n) {
   return kb.Finish();
 }
 
-std::vector<Fixture> Fixtures(bool small) {
+// Whether the fixture's kernel, forced to kSharedRow on `arch`, gets it (its cache fits a block).
+bool FitsSharedRows(const Fixture& f, const std::string& arch) {
+  if (!f.kernel.ok()) return false;
+  CudaEmitOptions options;
+  options.arch = arch;
+  options.include_prelude = false;
+  options.long_rows = CudaLongRows::kShared;
+  absl::StatusOr<CudaSource> src = EmitCudaSource({*f.kernel}, options);
+  return src.ok() && src->launches[0].layout == CudaLayout::kSharedRow;
+}
+
+std::vector<Fixture> Fixtures(bool small, const std::string& arch) {
   const int64_t n = small ? 4099 : int64_t{64} << 20;
   const int64_t rows = small ? 37 : 65536;
   const int64_t big_rows = small ? 5 : 8192;
@@ -141,6 +152,9 @@ std::vector<Fixture> Fixtures(bool small) {
   // whose rows fit kL2RowBytes), <name>_cl a cluster caching the row. For the shapes where one
   // row per SM fits the L2, the _l2 kernel with the other grid too: <name>_l2g2 two blocks per
   // SM where the cap gives one, <name>_l2g1 one per SM where it gives two (bf16 50257).
+  // <name>_sm: one block per row caching it in dynamic shared memory (kSharedRow), for the shapes
+  // whose cache fits a block (bf16 50257 and layer norm: 104 KiB, two blocks per SM; f32 50257
+  // and bf16 65536: one per SM); softmax_bf16_50257_sm1 the same with one block per SM.
   const std::set<std::string> long_rows = {
       "softmax_bf16_50257", "softmax_50257",      "softmax_65536",       "softmax_bf16_65536",
       "log_softmax_131072", "softmax_262144",     "log_softmax_262144",  "softmax_bf16_262144",
@@ -158,6 +172,17 @@ std::vector<Fixture> Fixtures(bool small) {
     cl.long_rows = CudaLongRows::kCluster;
     f.push_back(l2);
     f.push_back(cl);
+    if (FitsSharedRows(base, arch)) {
+      Fixture sm = base;
+      sm.name += "_sm";
+      sm.long_rows = CudaLongRows::kShared;
+      f.push_back(sm);
+      if (base.name == "softmax_bf16_50257" && !small) {
+        sm.name += "1";
+        sm.grid = 132;  // H200: 132 SMs
+        f.push_back(sm);
+      }
+    }
     if (auto g = other_grid.find(base.name); g != other_grid.end() && !small) {
       Fixture regrid = l2;
       regrid.name = absl::StrCat(base.name, "_l2g", g->second / 132);
@@ -217,7 +242,7 @@ int Main(int argc, char** argv) {
     fprintf(stderr, "cannot create %s\n", out_dir.c_str());
     return 1;
   }
-  std::vector<Fixture> fixtures = Fixtures(small);
+  std::vector<Fixture> fixtures = Fixtures(small, arch);
   std::vector<Kernel> kernels;
   for (const Fixture& f : fixtures) {
     if (!f.kernel.ok()) {

@@ -168,9 +168,14 @@ def torch_op(torch, spec):
 
 
 def layout_of(spec):
-    """The layout, with the blocks per thread-block cluster when there is one ("cluster_row x4")."""
+    """The layout, with the blocks per thread-block cluster when there is one ("cluster_row x4") and
+    the dynamic shared memory when there is some ("shared_row 104K")."""
     layout = spec.get("layout", "?")
-    return f"{layout} x{spec['cluster']}" if spec.get("cluster", 1) > 1 else layout
+    if spec.get("cluster", 1) > 1:
+        layout = f"{layout} x{spec['cluster']}"
+    if spec.get("shared_bytes", 0) > 0:
+        layout = f"{layout} {spec['shared_bytes'] // 1024}K"
+    return layout
 
 
 def make_inputs(torch, spec, gen):
