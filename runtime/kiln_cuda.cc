@@ -360,30 +360,31 @@ int kiln_cuda_run_launches(const kiln_cuda_module* module, const kiln_cuda_launc
   const int32_t n = static_cast<int32_t>(module->kernels.size());
   for (int32_t i = 0; i < num_launches; ++i) {
     const kiln_cuda_launch& l = launches[i];
-    const std::string where = "kiln_cuda_run_launches: launch " + std::to_string(i) + ": ";
+    // Built only for a message: this check runs on every launch of every call.
+    auto where = [i] { return "kiln_cuda_run_launches: launch " + std::to_string(i) + ": "; };
     if (l.kernel < 0 || l.kernel >= n) {
       return Fail(KILN_ERROR_INVALID_ARGUMENT,
-                  where + "kernel " + std::to_string(l.kernel) + " of " + std::to_string(n));
+                  where() + "kernel " + std::to_string(l.kernel) + " of " + std::to_string(n));
     }
     const Kernel& k = module->kernels[l.kernel];
     if (l.grid_x == 0 || l.grid_x > 0x7fffffffu) {
-      return Fail(KILN_ERROR_INVALID_ARGUMENT, where + "grid " + std::to_string(l.grid_x));
+      return Fail(KILN_ERROR_INVALID_ARGUMENT, where() + "grid " + std::to_string(l.grid_x));
     }
     if (l.block_x == 0 || l.block_x > static_cast<uint32_t>(k.max_threads)) {
-      return Fail(KILN_ERROR_INVALID_ARGUMENT, where + "block " + std::to_string(l.block_x) +
+      return Fail(KILN_ERROR_INVALID_ARGUMENT, where() + "block " + std::to_string(l.block_x) +
                                                    " (the kernel allows 1.." +
                                                    std::to_string(k.max_threads) + ")");
     }
     if (l.shared_bytes > (1u << 20)) {
-      return Fail(KILN_ERROR_INVALID_ARGUMENT, where + "shared bytes " + std::to_string(l.shared_bytes));
+      return Fail(KILN_ERROR_INVALID_ARGUMENT, where() + "shared bytes " + std::to_string(l.shared_bytes));
     }
     if (l.num_buffers < 0 || l.num_scalars < 0 || l.num_buffers + l.num_scalars > kMaxParams ||
         (l.num_buffers > 0 && l.buffers == nullptr) || (l.num_scalars > 0 && l.scalars == nullptr)) {
-      return Fail(KILN_ERROR_INVALID_ARGUMENT, where + "bad buffer or scalar table");
+      return Fail(KILN_ERROR_INVALID_ARGUMENT, where() + "bad buffer or scalar table");
     }
     if (k.num_params >= 0 && k.num_params != l.num_buffers + l.num_scalars) {
       return Fail(KILN_ERROR_INVALID_ARGUMENT,
-                  where + std::to_string(l.num_buffers + l.num_scalars) +
+                  where() + std::to_string(l.num_buffers + l.num_scalars) +
                       " arguments for a kernel with " + std::to_string(k.num_params) +
                       " parameters");
     }
