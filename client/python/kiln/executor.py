@@ -58,7 +58,12 @@ storage decision, constant argument and op callable once and keeps the kernel la
 runs a flat list of closures: per call it allocates the outputs and the workspace (torch's caching
 allocator), writes the kernels' data pointers into the tables, makes one runtime call per run of
 kernel steps (the CUDA stream is looked up once per call) and calls the aten ops with prebuilt
-argument lists.
+argument lists. Values in the workspace (and views of them) that only kernel steps and cuBLASLt
+GEMMs read get no tensor at all: their pointer is the call's workspace pointer (taken once, when
+the workspace is allocated) plus a byte offset computed with the program, which also checked that
+they lie inside the workspace. Values that aten steps read or write, graph outputs and GEMM
+operands that torch computes get tensors (views of the workspace as before, a view of a view made
+straight from the workspace).
 """
 
 import functools
@@ -481,6 +486,13 @@ _data_ptr = torch.Tensor.data_ptr
 _IS_CUDA = operator.attrgetter("is_cuda")
 _TENSORS = itertools.repeat(torch.Tensor)  # isinstance's second argument, for map()
 _OpOverload = getattr(torch._ops, "OpOverload", None)
+_MISSING = object()
+
+
+def _is_cuda_device(device):
+    """Whether tensors on `device` (a torch.device) are CUDA tensors (is_cuda): the build-time
+    check of the workspace, whose values kernels read by pointer."""
+    return device.type == "cuda"
 
 
 def _getter(indices):
@@ -533,11 +545,18 @@ class _Program:
         self.ex, self.device, self.symbols = ex, device, symbols
         values = ex.values
         n = len(values)
-        self.WS, self.TABLES, self.STREAM, self.NONES = n, n + 1, n + 2, n + 3
-        self.num_slots = n + 4  # + one per workspace dtype (the workspace viewed as that dtype)
+        self.WS, self.TABLES, self.STREAM, self.NONES, self.WSPTR = n, n + 1, n + 2, n + 3, n + 4
+        self.num_slots = n + 5  # + one per workspace dtype (the workspace viewed as that dtype)
         self._ws_slots = {}
         self._ws_device = None
+        self._ws_alloc = None  # env -> the call's workspace (allocated by the first use)
+        self._ws_allocated = False  # whether `code` has allocated the workspace at this point
+        self._ws_places = {}
         self.metas = [self._meta(i) for i in range(n)]
+        # GEMM steps run with cuBLASLt (pointers) on a CUDA device, else with torch (tensors).
+        self.gemm_runtime = (ex._cublas() if ex.library_steps and ex.cuda and device is not None
+                             and device.type == "cuda" else None)
+        self.tensor_reads = self._tensor_reads()
         self.code = []
         self.ready = set()  # values that have their tensor at this point of `code`
         self.maybe_none = set()  # STEP values of aten steps (None where the op returned None)
@@ -657,6 +676,8 @@ class _Program:
                 env[i] = alloc()
         elif kind == _PV.STORAGE_WORKSPACE:
             instruction = self._workspace_view(i, dtype, meta)
+        elif kind == _PV.STORAGE_VIEW and self._ws_place(i) is not None:
+            instruction = self._ws_tensor(i)  # straight from the workspace, as its base chain would be
         elif kind == _PV.STORAGE_VIEW:
             base, offset = v.index, v.offset
             self._need(base, code)
@@ -694,17 +715,33 @@ class _Program:
         if offset + extent * size > ws_bytes:
             return _raiser(_plan_error(f"value v{i}: {extent * size} bytes at workspace offset {offset} "
                                        f"overflow the {ws_bytes}-byte workspace"))
-        if self._ws_device is None:  # the workspace is allocated by its first use, on its device
-            self._ws_device = self._device_of(i)
-        ws_device, WS, element = self._ws_device, self.WS, offset // size
+        return self._ws_tensor(i, (i, dtype, size, offset // size, sizes, strides))
 
-        def workspace(env):
-            ws = env[WS]
-            if ws is None:
-                ws = env[WS] = torch.empty(ws_bytes, dtype=torch.uint8, device=ws_device)
-            return ws
+    def _workspace(self, root):
+        """env -> the call's workspace (a uint8 tensor in env[WS], its data pointer in env[WSPTR]),
+        allocated by the first call of it, on the device of `root`, the first workspace value used."""
+        if self._ws_alloc is None:
+            ws_bytes, WS, WSPTR = self.ex.plan.workspace_bytes, self.WS, self.WSPTR
+            ws_device = self._ws_device = self._device_of(root)
 
-        if ws_bytes % size:  # cannot be viewed as `dtype` as a whole: a tensor on its storage
+            def workspace(env):
+                ws = env[WS]
+                if ws is None:
+                    ws = env[WS] = torch.empty(ws_bytes, dtype=torch.uint8, device=ws_device)
+                    env[WSPTR] = ws.data_ptr()
+                return ws
+
+            self._ws_alloc = workspace
+        return self._ws_alloc
+
+    def _ws_tensor(self, i, place=None):
+        """The instruction that makes value i's tensor: the workspace viewed as its root's dtype,
+        as_strided to i's place (a WORKSPACE value, or a view of one: _ws_place)."""
+        root, dtype, size, element, sizes, strides = place or self._ws_place(i)
+        workspace = self._workspace(root)
+        if self.ex.plan.workspace_bytes % size:  # cannot be viewed as `dtype` as a whole
+            ws_device = self._ws_device
+
             def instruction(env):
                 t = torch.empty(0, dtype=dtype, device=ws_device)
                 t.set_(workspace(env).untyped_storage(), element, sizes, strides)
@@ -723,6 +760,114 @@ class _Program:
             env[i] = base.as_strided(sizes, strides, element)
 
         return instruction
+
+    def _ws_place(self, i):
+        """(root, root's dtype, its size, storage offset in elements of that dtype, sizes, strides)
+        of value i when it lies in the workspace: a WORKSPACE value or a chain of views of one,
+        every value of the chain with its metadata, non-negative strides and its elements inside
+        the workspace. Else None (such a value takes the chain of instructions, which raise)."""
+        place = self._ws_places.get(i, _MISSING)
+        if place is not _MISSING:
+            return place
+        values, chain, j = self.ex.values, [], i
+        while values[j].storage == _PV.STORAGE_VIEW:
+            chain.append(j)
+            j = values[j].index
+        place = None
+        if values[j].storage == _PV.STORAGE_WORKSPACE:
+            root, dtype = j, self.ex._dtypes[j]
+            size, ws_bytes = _itemsize(dtype), self.ex.plan.workspace_bytes
+            element = values[root].offset // size
+            fits = True
+            for j in [root, *reversed(chain)]:
+                if j != root:
+                    element += values[j].offset
+                meta = self.metas[j]
+                if isinstance(meta, Exception) or element < 0 or any(st < 0 for st in meta[1]):
+                    fits = False
+                    break
+                if all(meta[0]):
+                    extent = sum((s - 1) * st for s, st in zip(*meta)) + 1
+                    if (element + extent) * size > ws_bytes:
+                        fits = False
+                        break
+            if fits:
+                place = (root, dtype, size, element, *self.metas[i])
+        self._ws_places[i] = place
+        return place
+
+    def _tensor_reads(self):
+        """The values that need a tensor wherever they are read: those aten steps read or write,
+        the graph's outputs, GEMM operands when torch runs the GEMMs. Kernel steps and cuBLASLt
+        GEMMs read only data pointers."""
+        ex = self.ex
+        reads = {o for o in ex.plan.outputs if o >= 0}
+
+        def walk(tree):
+            if tree[0] == "v":
+                reads.add(tree[1])
+            elif tree[0] == "list":
+                for x in tree[1]:
+                    walk(x)
+
+        for entry in ex._steps:
+            if entry[0] == "aten":
+                for tree in itertools.chain(entry[2], entry[3].values()):
+                    walk(tree)
+                reads.update(o for o in entry[4] if o >= 0 and ex.values[o].storage != _PV.STORAGE_STEP)
+            elif entry[0] == "library" and self.gemm_runtime is None:
+                reads.update(a for a in entry[1][1][:4] if a >= 0)
+        return reads
+
+    def _pointer(self, i, cuda=False):
+        """The byte offset of value i's data in the workspace when kernels and GEMMs may take its
+        pointer as the call's workspace pointer (env[WSPTR]) plus that offset, with no tensor made
+        per call: a workspace value (or a view of one) that nothing reads as a tensor, that has
+        elements (an empty tensor's data_ptr() is 0), and (cuda) whose workspace is on a CUDA
+        device. Emits the workspace's allocation before the reading instruction. Else None."""
+        if i in self.tensor_reads:
+            return None
+        place = self._ws_place(i)
+        if place is None or not all(place[4]):
+            return None
+        root, _, size, element, _, _ = place
+        self._workspace(root)
+        if cuda and not _is_cuda_device(self._ws_device):
+            return None  # the tensor path: the per-call check names the value
+        if not self._ws_allocated:
+            self.code.append(self._ws_alloc)
+            self._ws_allocated = True
+        return element * size
+
+    def _buffer_fill(self, args, offsets):
+        """env -> the data pointers of `args` (a sequence of ints, in order): env[WSPTR] + offset
+        where `offsets` has one (workspace values, see _pointer; at least one has), else the
+        value's tensor's data_ptr(); a None or non-tensor among those raises what explains it."""
+        tensor_args = [a for a, off in zip(args, offsets) if off is None]
+        offs = tuple(off for off in offsets if off is not None)
+        WSPTR = self.WSPTR
+        if not tensor_args:
+            return lambda env: list(map(env[WSPTR].__add__, offs))
+        get, explain = self._pointer_filler(tensor_args)
+        order, t, w = [], 0, len(tensor_args)
+        for off in offsets:
+            if off is None:
+                order.append(t)
+                t += 1
+            else:
+                order.append(w)
+                w += 1
+        arrange = operator.itemgetter(*order)  # tensors' pointers + workspace pointers -> in order
+
+        def fill(env):
+            try:
+                ptrs = list(map(_data_ptr, get(env)))
+            except TypeError as e:
+                explain(env, e)
+            ptrs += map(env[WSPTR].__add__, offs)
+            return arrange(ptrs)
+
+        return fill
 
     def _arg(self, tree):
         """A loader tree -> ("c", constant) | ("v", value index) | ("f", env -> argument)."""
@@ -916,10 +1061,13 @@ class _Program:
         return get, explain
 
     def _emit_kernels(self, batch):
-        entries, args = [], []
+        entries, args, offsets = [], [], []
         for module, kernel, step_args, scalars in batch:
             for a in step_args:
-                self._need(a)
+                off = self._pointer(a)
+                if off is None:
+                    self._need(a)
+                offsets.append(off)
             values, fail = self._scalars(scalars)
             if fail is not None:
                 self.code.append(fail)
@@ -934,16 +1082,24 @@ class _Program:
 
             self.code.append(instruction)
             return
-        get, explain = self._pointer_filler(args)
         count = len(args)
+        if any(off is not None for off in offsets):
+            fill = self._buffer_fill(args, offsets)
 
-        def instruction(env):
-            table = env[TABLES][b]
-            try:
-                table.buffers[:count] = list(map(_data_ptr, get(env)))
-            except TypeError as e:  # a None (or a non-tensor) among them
-                explain(env, e)
-            table.run()
+            def instruction(env):
+                table = env[TABLES][b]
+                table.buffers[:count] = fill(env)
+                table.run()
+        else:
+            get, explain = self._pointer_filler(args)
+
+            def instruction(env):
+                table = env[TABLES][b]
+                try:
+                    table.buffers[:count] = list(map(_data_ptr, get(env)))
+                except TypeError as e:  # a None (or a non-tensor) among them
+                    explain(env, e)
+                table.run()
 
         self.code.append(instruction)
 
@@ -953,14 +1109,17 @@ class _Program:
             self.code.append(_raiser(_plan_error(f"a plan compiled for CUDA runs on {device or 'no'} tensors")))
             return
         modules = self.ex.cuda_modules(device)
-        entries, args, check = [], [], []
+        entries, args, offsets, check = [], [], [], []
         for spec in batch:
             module = modules[spec.binary]
             values, fail = self._scalars(spec.scalars)
             for a in spec.args:
-                self._need(a)
-                if a not in check and not self._on_device(a):
-                    check.append(a)
+                off = self._pointer(a, cuda=True)  # on the device: no per-call check
+                if off is None:
+                    self._need(a)
+                    if a not in check and not self._on_device(a):
+                        check.append(a)
+                offsets.append(off)
             if fail is not None:
                 self.code.append(fail)
                 return
@@ -969,8 +1128,12 @@ class _Program:
                             spec.shared_bytes, len(spec.args), values))
         runtime, b, TABLES, STREAM = self.ex._runtime, len(self.table_builders), self.TABLES, self.STREAM
         self.table_builders.append(lambda: runtime.cuda_launch_table(entries))
-        get, explain = self._pointer_filler(args) if args else (None, None)
         count = len(args)
+        fill = get = None
+        if any(off is not None for off in offsets):
+            fill = self._buffer_fill(args, offsets)
+        elif count:
+            get, explain = self._pointer_filler(args)
         symbols = {}
         for spec in batch:
             for a in spec.args:
@@ -985,13 +1148,15 @@ class _Program:
 
         def instruction(env):
             table = env[TABLES][b]
-            if count:
+            if fill is not None:
+                table.buffers[:count] = fill(env)
+            elif get is not None:
                 try:
                     table.buffers[:count] = list(map(_data_ptr, get(env)))
                 except TypeError as e:
                     explain(env, e)
-                if on_cuda is not None and not all(map(_IS_CUDA, on_cuda(env))):
-                    off_device(env)
+            if on_cuda is not None and not all(map(_IS_CUDA, on_cuda(env))):
+                off_device(env)
             stream = env[STREAM]
             if stream is None:
                 stream = env[STREAM] = _current_stream(device)
@@ -1037,21 +1202,34 @@ class _Program:
         except Exception as e:
             self.code.append(_raiser(_again(e)))
             return
-        for v, _, _ in views:
-            self._need(v)
         run_torch = _torch_gemm(views, p[0], p[13], alpha, beta)
-        device = self.device
-        runtime = self.ex._cublas() if self.ex.cuda and device is not None and device.type == "cuda" else None
+        device, runtime = self.device, self.gemm_runtime
         if runtime is None:
+            for v, _, _ in views:
+                self._need(v)
             self.code.append(run_torch)
             return
+        operands = [v for v, _, _ in views]
+        materialize = []  # what gives the operands read by pointer their tensors, for torch
+        pointers = []
+        for v in operands:
+            off = self._pointer(v, cuda=True)
+            if off is None:
+                self._need(v)
+            else:
+                materialize.append(self._ws_tensor(v))
+            pointers.append(off)
         ws = args[4]
         if ws >= 0:
             meta = self.metas[ws]
             if isinstance(meta, Exception) or self.ex._dtypes[ws] != torch.uint8 or meta[0] != (p[17],):
                 self.code.append(_raiser(_plan_error(f"{where}: workspace v{ws} is not {p[17]} bytes of uint8")))
                 return
-            self._need(ws)
+            off = self._pointer(ws, cuda=True)
+            if off is None:
+                self._need(ws)
+            operands.append(ws)
+            pointers.append(off)
         params = list(p)
         if p[4] == proto.DTYPE_FLOAT32 and torch.get_float32_matmul_precision() != "highest":
             params[16] |= 1  # TF32, as torch would use it
@@ -1059,17 +1237,24 @@ class _Program:
         b, TABLES, STREAM = len(self.table_builders), self.TABLES, self.STREAM
         self.table_builders.append(lambda: runtime.gemm_call(index, params, alpha, beta))
         slots = [0, 1, 2] + ([3] if len(views) == 4 else []) + ([4] if ws >= 0 else [])
-        get = _getter([v for v, _, _ in views] + ([ws] if ws >= 0 else []))
-        pointer_slots = tuple(slots)
+        tensor_slots = tuple(s for s, off in zip(slots, pointers) if off is None)
+        get = _getter([v for v, off in zip(operands, pointers) if off is None]) if tensor_slots else None
+        ws_slots = tuple((s, off) for s, off in zip(slots, pointers) if off is not None)
+        WSPTR = self.WSPTR
 
         def instruction(env):
             call = env[TABLES][b]
-            tensors = get(env)
-            if not all(map(_IS_CUDA, tensors)):
-                raise PlanError(f"{where}: an operand is not on {device}")
             buffers = call.buffers
-            for slot, t in zip(pointer_slots, tensors):
-                buffers[slot] = t.data_ptr()
+            if get is not None:
+                tensors = get(env)
+                if not all(map(_IS_CUDA, tensors)):
+                    raise PlanError(f"{where}: an operand is not on {device}")
+                for slot, t in zip(tensor_slots, tensors):
+                    buffers[slot] = t.data_ptr()
+            if ws_slots:
+                ws = env[WSPTR]
+                for slot, off in ws_slots:
+                    buffers[slot] = ws + off
             stream = env[STREAM]
             if stream is None:
                 stream = env[STREAM] = _current_stream(device)
@@ -1077,6 +1262,8 @@ class _Program:
                 call.run(stream)
             except GemmUnsupported as e:
                 _warn_once(("unsupported", where), f"{where} runs with torch: {e}")
+                for make in materialize:
+                    make(env)
                 run_torch(env)
 
         self.code.append(instruction)

@@ -176,6 +176,91 @@ def test_launch_tables_are_built_once_and_filled_per_call(no_device_guard, monke
     assert len(rt.runs) == 6
 
 
+class FakeGemm:
+    """Stands in for kiln.runtime.GemmCall: run() records the buffers (D, A, B, C, workspace), or
+    raises GemmUnsupported (then the executor runs the GEMM with torch)."""
+
+    def __init__(self, rt, device, params, alpha, beta):
+        self.rt, self.buffers = rt, [None] * 5
+
+    def run(self, stream):
+        self.rt.gemm_runs.append(list(self.buffers))
+        if self.rt.unsupported:
+            raise runtime.GemmUnsupported("no algorithm for this GEMM")
+
+
+class FakeGemmRuntime(FakeRuntime):
+    def __init__(self):
+        super().__init__()
+        self.gemm_runs, self.unsupported = [], False
+
+    def cublas_init(self):
+        pass
+
+    def gemm_call(self, device, params, alpha, beta):
+        return FakeGemm(self, device, params, alpha, beta)
+
+
+def gemm(plan, args, m, n, k):
+    """D[m, n] = A[m, k] @ B[k, n], all row-major (server/lower/gemm_step.h's params)."""
+    lib = plan.steps.add().library
+    lib.function = "cublasLt.matmul"
+    lib.args[:] = args + [-1, -1]
+    lib.int_params[:] = [1, m, n, k, proto.DTYPE_FLOAT32, 0, k, 1, 0, n, 1, 0, n, 0, 0, 0, 0, 0]
+    lib.float_params[:] = [1.0, 0.0]
+
+
+@pytest.mark.parametrize("ws_on_cuda", [True, False])
+@pytest.mark.parametrize("unsupported", [False, True])
+def test_workspace_values_reach_kernels_and_gemms_as_pointers(no_device_guard, monkeypatch, ws_on_cuda,
+                                                              unsupported):
+    """d = x @ w lives in the workspace (byte 64) and is read only by a kernel (with a view of it,
+    12 bytes further) and by a second GEMM: on a CUDA workspace they get the call's workspace
+    pointer plus their offsets, and no tensor is made for them (where cuBLASLt has no algorithm,
+    the torch fallback makes the operands' tensors then). A workspace that is not on a CUDA
+    device keeps the tensor path, whose per-call check names the value."""
+    plan = proto.Plan(num_inputs=3, workspace_bytes=256)
+    x, w, w2 = (value(plan, s, PV.STORAGE_INPUT, i) for i, s in enumerate([[4, 8], [8, 3], [3, 5]]))
+    d = value(plan, [4, 3], PV.STORAGE_WORKSPACE, offset=64)
+    dv = value(plan, [3], PV.STORAGE_VIEW, index=d, offset=3)
+    out = value(plan, [4, 5], PV.STORAGE_OUTPUT)
+    gemm(plan, [d, x, w], 4, 3, 8)
+    kernel(plan, 0, "kiln_kernel_0", [d, x, dv])
+    gemm(plan, [out, d, w2], 4, 5, 3)
+    plan.outputs.append(out)
+    rt = FakeGemmRuntime()
+    rt.unsupported = unsupported
+    ex = PlanExecutor(artifact_of(plan), proto.Graph(), runtime_loader=lambda: rt)
+    monkeypatch.setattr(executor._Program, "_device_of", lambda self, i: torch.device("cpu"))
+    monkeypatch.setattr(executor, "_IS_CUDA", lambda t: True)
+    monkeypatch.setattr(executor, "_current_stream", lambda device: 7)
+    if ws_on_cuda:
+        monkeypatch.setattr(executor, "_is_cuda_device", lambda device: True)
+    program = executor._Program(ex, torch.device("cuda", 2), {})
+    assert program.tensor_reads == {out}
+    strided = []
+    original = torch.Tensor.as_strided
+    monkeypatch.setattr(torch.Tensor, "as_strided",
+                        lambda t, *a: strided.append(a) or original(t, *a))
+    for _ in range(2):
+        args = [torch.randn(4, 8), torch.randn(8, 3), torch.randn(3, 5)]
+        (got,) = program(args)
+        g1, g2 = rt.gemm_runs[-2:]
+        ((_, _, _, _, _, buffers, _),), _ = rt.runs[-1]
+        base = g1[0]
+        assert g1 == [base, args[0].data_ptr(), args[1].data_ptr(), None, None]
+        assert g2 == [got.data_ptr(), base, args[2].data_ptr(), None, None]
+        assert buffers == [base, args[0].data_ptr(), base + 12]
+        if unsupported:
+            torch.testing.assert_close(got, args[0] @ args[1] @ args[2])
+    if not unsupported:  # (torch's GEMMs make views of their own)
+        assert len(strided) == (0 if ws_on_cuda else 2 * 2)  # d and its view per call
+    if not ws_on_cuda:  # per-call device check of the tensor path
+        monkeypatch.setattr(executor, "_IS_CUDA", lambda t: t.dim() != 1)
+        with pytest.raises(PlanError, match="kernel kiln_kernel_0: argument v4 is on cpu, not on cuda:2"):
+            program([torch.randn(4, 8), torch.randn(8, 3), torch.randn(3, 5)])
+
+
 def test_binaries_load_at_plan_load_when_the_device_is_known(no_device_guard):
     rt = FakeRuntime()
     PlanExecutor(artifact_of(two_binary_plan()), proto.Graph(), runtime_loader=lambda: rt,

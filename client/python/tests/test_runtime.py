@@ -141,6 +141,78 @@ def test_kernel_tables_from_several_threads_at_once(rt, kernel_so):
     assert len(ex._programs) == 2
 
 
+def _workspace_plan(aten_reads_view):
+    """a, b: inputs f32[s0 = 8]; w: f32[12] in the workspace at byte 16, tv: its elements 4..11 (a
+    view); kernels: tv = 2a + b; tv += 1; out = 2 tv + b (one batch, so workspace and tensor
+    pointers interleave in its table). aten_reads_view: also neg = -tv by an aten step."""
+    graph = dynamic_graph()
+    plan = proto.Plan(num_inputs=2, workspace_bytes=80)
+    for i in range(2):
+        plan.values.add(storage=PV.STORAGE_INPUT, index=i).meta.CopyFrom(graph.nodes[i].meta.tensor)
+    out = plan.values.add(storage=PV.STORAGE_OUTPUT)
+    out.meta.CopyFrom(graph.nodes[0].meta.tensor)
+    for storage, size, index, offset in ((PV.STORAGE_WORKSPACE, 12, 0, 16), (PV.STORAGE_VIEW, 8, 3, 4)):
+        v = plan.values.add(storage=storage, index=index, offset=offset)  # v3 = w, v4 = tv
+        v.meta.dtype, v.meta.device.kind = proto.DTYPE_FLOAT32, proto.DEVICE_KIND_CPU
+        v.meta.sizes.add(constant=size)
+        v.meta.strides.add(constant=1)
+    for symbol, args in (("kiln_kernel_0", [0, 1, 4]), ("kiln_kernel_1", [4]), ("kiln_kernel_0", [4, 1, 2])):
+        k = plan.steps.add().kernel
+        k.binary, k.symbol = 0, symbol
+        k.args.extend(args)
+        k.scalar_args.append(0)
+    plan.outputs.append(2)
+    if aten_reads_view:
+        neg = plan.values.add(storage=PV.STORAGE_STEP)
+        neg.meta.CopyFrom(graph.nodes[0].meta.tensor)
+        step = plan.steps.add().aten
+        step.target = "aten.neg.default"
+        step.args.add(node="v4")
+        step.outputs.append(5)
+        plan.outputs.append(5)
+    return graph, plan
+
+
+def _count_tensor_views(monkeypatch):
+    """Counts Tensor.as_strided, .view and .set_ calls (how the executor makes workspace values)."""
+    calls = []
+    for name in ("as_strided", "view", "set_"):
+        original = getattr(torch.Tensor, name)
+
+        def counted(self, *args, _original=original, _name=name, **kwargs):
+            calls.append(_name)
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    return calls
+
+
+@pytest.mark.parametrize("aten_reads_view", [False, True])
+def test_workspace_values_read_only_by_kernels_get_no_tensor(rt, kernel_so, monkeypatch, aten_reads_view):
+    """Kernels take a workspace value's pointer as the call's workspace pointer plus the byte
+    offset the program computed (a view's too: 16 + 4 * 4 bytes); no tensor is made for it per
+    call. A value an aten step reads keeps its tensor, made straight from the workspace (not
+    through its base)."""
+    graph, plan = _workspace_plan(aten_reads_view)
+    artifact = testing.make_artifact(plan, proto.Target(device=proto.DEVICE_KIND_CPU, cpu_isa="x86-64-v2"),
+                                     [proto.Binary(kind=proto.Binary.KIND_SHARED_OBJECT, data=kernel_so)])
+    ex = PlanExecutor(artifact, graph, runtime_loader=lambda: rt)
+    guard = InputGuard(graph)
+    a, b = torch.randn(8), torch.randn(8)
+    ex([a, b], guard.bind([a, b]))  # builds the program
+    (program,) = ex._programs.values()
+    assert (4 in program.tensor_reads) == aten_reads_view and 3 not in program.tensor_reads
+    calls = _count_tensor_views(monkeypatch)
+    for _ in range(3):
+        a, b = torch.randn(8), torch.randn(8)
+        got = ex([a, b], guard.bind([a, b]))
+        tv = a * 2 + b + 1
+        torch.testing.assert_close(got[0], tv * 2 + b)
+        if aten_reads_view:
+            torch.testing.assert_close(got[1], -tv)
+    assert calls == (["view", "as_strided"] * 3 if aten_reads_view else [])
+
+
 def test_runtime_errors_are_reported(rt, kernel_so):
     module = rt.load(kernel_so)
     with pytest.raises(runtime.RuntimeCallError, match="no_such_kernel"):
