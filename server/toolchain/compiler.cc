@@ -118,6 +118,13 @@ absl::StatusOr<std::vector<std::string>> CompileFlags(const CompileOptions& opti
                                     "-fwrapv",
                                     "-fvisibility=hidden"};
   if (!options.march.empty()) flags.push_back(absl::StrCat("-march=", options.march));
+#if defined(__x86_64__)
+  // g++ and clang tune Intel and AMD server cores (Sapphire Rapids, Zen 4) for 256-bit vectors
+  // even where AVX-512 is there; Inductor's at::vec kernels use 512 bits. Measured on a Zen 4
+  // core: an L2-resident row sum 7.6 -> 4.6 us. No effect on targets without AVX-512. (x86
+  // only: kilnd's compiler builds for its own architecture.)
+  flags.push_back("-mprefer-vector-width=512");
+#endif
   if (!clang) {
     // Kernels need nothing from libstdc++: linking only what they use saves ~40% of the link
     // (~10 ms per graph). The -l flags go after the source (CompileSharedObject).

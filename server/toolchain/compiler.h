@@ -6,8 +6,9 @@
 //
 // CompileSharedObject(source, options): writes the source into a fresh 0700 directory, runs
 //   <compiler> -std=c++17 -O3 -fPIC -shared -fopenmp -fno-math-errno -fno-trapping-math -fwrapv
-//   -fvisibility=hidden [-march=<isa>] (never -ffast-math: NaN semantics must hold; clang gets
-//   -fopenmp-simd until libomp is installed), for g++ linked with -nodefaultlibs and only
+//   -fvisibility=hidden [-march=<isa>] [-mprefer-vector-width=512 on x86] (never -ffast-math:
+//   NaN semantics must hold; clang gets -fopenmp-simd until libomp is installed), for g++
+//   linked with -nodefaultlibs and only
 //   -lgomp -lm -lc -lgcc (after the source), with TMPDIR pointing into that directory, reads
 //   the .so back as bytes and removes the directory. Errors:
 //     INVALID_ARGUMENT   a bad -march value ("native", or not [a-z0-9.+-]+) or unknown compiler;
