@@ -35,6 +35,21 @@ v1::CompileRequest CudaRequest(GraphBuilder& b) {
   return req;
 }
 
+// The builder's graph prepared for sm_90 and lowered (the op graph points into `prepared`).
+struct Lowered {
+  graph::PreparedGraph prepared;
+  OpGraph ops;
+
+  void Lower(GraphBuilder& b) {
+    auto p = graph::PrepareGraph(CudaRequest(b), graph::GraphLimits(), graph::CompilerIdentity());
+    ASSERT_TRUE(p.ok()) << p.status();
+    prepared = *std::move(p);
+    auto o = LowerGraph(prepared.graph, prepared.fallback_nodes);
+    ASSERT_TRUE(o.ok()) << o.status();
+    ops = *std::move(o);
+  }
+};
+
 std::vector<int64_t> StridesOfNode(const OpGraph& g, const std::string& name) {
   for (size_t n = 0; n < g.graph->nodes.size(); ++n) {
     if (g.graph->nodes[n].name == name && g.node_value[n] >= 0) return g.values[g.node_value[n]].strides;
@@ -52,12 +67,10 @@ TEST(ConvLayoutTest, ValuesBetweenConvolutionsBecomeChannelsLast) {
       .Call("conv2", "aten.convolution.default", ConvArgs("relu", "w2"), Cu({2, 16, 6, 6}))
       .Call("relu_1", "aten.relu.default", {Ref("conv2")}, Cu({2, 16, 6, 6}))
       .Output({"relu_1"});
-  const v1::CompileRequest req = CudaRequest(b);
-  auto prepared = graph::PrepareGraph(req, graph::GraphLimits(), graph::CompilerIdentity());
-  ASSERT_TRUE(prepared.ok()) << prepared.status();
-  auto ops = LowerGraph(prepared->graph, prepared->fallback_nodes);
-  ASSERT_TRUE(ops.ok()) << ops.status();
-  EXPECT_EQ(ChooseConvLayouts(&*ops), 2);
+  Lowered l;
+  ASSERT_NO_FATAL_FAILURE(l.Lower(b));
+  OpGraph* ops = &l.ops;
+  EXPECT_EQ(ChooseConvLayouts(ops), 2);
   const std::vector<int64_t> nchw = {576, 36, 6, 1}, nhwc = {576, 1, 96, 16};
   EXPECT_EQ(StridesOfNode(*ops, "conv1"), nchw);   // its input x is NCHW: so is its result
   EXPECT_EQ(StridesOfNode(*ops, "relu"), nhwc);    // written by a kernel, read by conv2
@@ -76,12 +89,10 @@ TEST(ConvLayoutTest, ValuesReadOtherwiseKeepTheirStrides) {
       .Call("view", "aten.view.default", {Ref("neg"), Ints({2, 288})}, Cu({2, 288}))
       .Call("conv2", "aten.convolution.default", ConvArgs("neg", "w1"), Cu({2, 16, 6, 6}))
       .Output({"conv1", "relu", "view", "conv2"});
-  const v1::CompileRequest req = CudaRequest(b);
-  auto prepared = graph::PrepareGraph(req, graph::GraphLimits(), graph::CompilerIdentity());
-  ASSERT_TRUE(prepared.ok()) << prepared.status();
-  auto ops = LowerGraph(prepared->graph, prepared->fallback_nodes);
-  ASSERT_TRUE(ops.ok()) << ops.status();
-  EXPECT_EQ(ChooseConvLayouts(&*ops), 0);
+  Lowered l;
+  ASSERT_NO_FATAL_FAILURE(l.Lower(b));
+  OpGraph* ops = &l.ops;
+  EXPECT_EQ(ChooseConvLayouts(ops), 0);
 }
 
 std::vector<v1::Argument> MaxPoolArgs(const std::string& x) {
@@ -104,12 +115,10 @@ TEST(ConvLayoutTest, LoweredPoolingFollowsItsChannelsLastInput) {
       .Call("conv2", "aten.convolution.default", ConvArgs("pooled", "w2"), Cu({2, 16, 4, 4}))
       .Call("relu_1", "aten.relu.default", {Ref("conv2")}, Cu({2, 16, 4, 4}))
       .Output({"relu_1"});
-  const v1::CompileRequest req = CudaRequest(b);
-  auto prepared = graph::PrepareGraph(req, graph::GraphLimits(), graph::CompilerIdentity());
-  ASSERT_TRUE(prepared.ok()) << prepared.status();
-  auto ops = LowerGraph(prepared->graph, prepared->fallback_nodes);
-  ASSERT_TRUE(ops.ok()) << ops.status();
-  ChooseConvLayouts(&*ops);
+  Lowered l;
+  ASSERT_NO_FATAL_FAILURE(l.Lower(b));
+  OpGraph* ops = &l.ops;
+  ChooseConvLayouts(ops);
   EXPECT_EQ(StridesOfNode(*ops, "conv1"), std::vector<int64_t>({1024, 1, 128, 16}));
   EXPECT_EQ(StridesOfNode(*ops, "relu"), std::vector<int64_t>({1024, 1, 128, 16}));
   EXPECT_EQ(StridesOfNode(*ops, "pooled"), std::vector<int64_t>({256, 1, 64, 16}));
@@ -126,12 +135,10 @@ TEST(ConvLayoutTest, PoolingStepsBetweenConvolutionsKeepChannelsLast) {
       .Call("conv2", "aten.convolution.default", ConvArgs("pooled", "w2"), Cu({2, 16, 4, 4}))
       .Call("relu_1", "aten.relu.default", {Ref("conv2")}, Cu({2, 16, 4, 4}))
       .Output({"relu_1"});
-  const v1::CompileRequest req = CudaRequest(b);
-  auto prepared = graph::PrepareGraph(req, graph::GraphLimits(), graph::CompilerIdentity());
-  ASSERT_TRUE(prepared.ok()) << prepared.status();
-  auto ops = LowerGraph(prepared->graph, prepared->fallback_nodes);
-  ASSERT_TRUE(ops.ok()) << ops.status();
-  ChooseConvLayouts(&*ops);
+  Lowered l;
+  ASSERT_NO_FATAL_FAILURE(l.Lower(b));
+  OpGraph* ops = &l.ops;
+  ChooseConvLayouts(ops);
   EXPECT_EQ(StridesOfNode(*ops, "relu"), std::vector<int64_t>({1024, 1, 128, 16}));
   EXPECT_EQ(StridesOfNode(*ops, "pooled"), std::vector<int64_t>({256, 1, 64, 16}));
   EXPECT_EQ(StridesOfNode(*ops, "conv2"), std::vector<int64_t>({256, 1, 64, 16}));
@@ -151,12 +158,10 @@ TEST(ConvLayoutTest, KernelWrittenWeightsOfChannelsLastConvolutionsFollow) {
       .Call("conv2", "aten.convolution.default", ConvArgs("relu", "w2h"), Cu({2, 16, 6, 6}))
       .Call("relu_1", "aten.relu.default", {Ref("conv2")}, Cu({2, 16, 6, 6}))
       .Output({"relu_1"});
-  const v1::CompileRequest req = CudaRequest(b);
-  auto prepared = graph::PrepareGraph(req, graph::GraphLimits(), graph::CompilerIdentity());
-  ASSERT_TRUE(prepared.ok()) << prepared.status();
-  auto ops = LowerGraph(prepared->graph, prepared->fallback_nodes);
-  ASSERT_TRUE(ops.ok()) << ops.status();
-  EXPECT_EQ(ChooseConvLayouts(&*ops), 3);
+  Lowered l;
+  ASSERT_NO_FATAL_FAILURE(l.Lower(b));
+  OpGraph* ops = &l.ops;
+  EXPECT_EQ(ChooseConvLayouts(ops), 3);
   EXPECT_EQ(StridesOfNode(*ops, "w1h"), std::vector<int64_t>({72, 9, 3, 1}));
   EXPECT_EQ(StridesOfNode(*ops, "w2h"), std::vector<int64_t>({144, 1, 48, 16}));
   EXPECT_EQ(StridesOfNode(*ops, "relu"), std::vector<int64_t>({576, 1, 96, 16}));
@@ -177,12 +182,10 @@ TEST(ConvLayoutTest, InputsStayWhenAStepResultMustKeepItsStrides) {
       .Call("pooled", "operator.getitem", {Ref("pool"), I(0)}, Cu({2, 8, 2, 2}))
       .Call("conv2", "aten.convolution.default", ConvArgs("neg", "w1"), Cu({2, 8, 4, 4}))
       .Output({"flat", "pooled", "conv2"});
-  const v1::CompileRequest req = CudaRequest(b);
-  auto prepared = graph::PrepareGraph(req, graph::GraphLimits(), graph::CompilerIdentity());
-  ASSERT_TRUE(prepared.ok()) << prepared.status();
-  auto ops = LowerGraph(prepared->graph, prepared->fallback_nodes);
-  ASSERT_TRUE(ops.ok()) << ops.status();
-  EXPECT_EQ(ChooseConvLayouts(&*ops), 0);
+  Lowered l;
+  ASSERT_NO_FATAL_FAILURE(l.Lower(b));
+  OpGraph* ops = &l.ops;
+  EXPECT_EQ(ChooseConvLayouts(ops), 0);
 }
 
 }  // namespace

@@ -36,6 +36,14 @@ def fresh_kiln(monkeypatch):
     torch._dynamo.reset()
 
 
+def server_requests(address: str) -> dict:
+    """kilnd's requests by outcome (compiled, joined, memory_hit, disk_hit, miss...)."""
+    from kiln.rpc import KilnClient
+
+    with KilnClient(address) as c:
+        return dict(c.get_stats().requests)
+
+
 def kilnd_path() -> str:
     path = os.environ.get("KILND") or str(REPO / "bazel-bin" / "server" / "kilnd")
     if not os.access(path, os.X_OK):

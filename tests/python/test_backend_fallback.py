@@ -15,7 +15,7 @@ import kiln.rpc
 import kiln.serialize
 from kiln import proto, testing
 from kiln.rpc import KilnClient
-from kilnd_server import Kilnd, fresh_kiln
+from kilnd_server import Kilnd, fresh_kiln, server_requests
 
 # torch's structured-trace logger would flood failure reports with empty records.
 logging.getLogger("torch.__trace").addFilter(lambda record: False)
@@ -58,10 +58,6 @@ def run(fn, options, x=None):
     torch.testing.assert_close(got, fn(x))
     return got, [str(w.message) for w in caught if issubclass(w.category, kiln.KilnWarning)]
 
-
-def server_requests(address):
-    with KilnClient(address) as c:
-        return dict(c.get_stats().requests)
 
 
 def test_cache_only_mode_looks_up_counts_misses_and_runs_eagerly(server, monkeypatch, tmp_path):

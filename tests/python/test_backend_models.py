@@ -22,7 +22,7 @@ import kiln
 import kiln.backend
 from kiln import proto, testing
 from kiln.rpc import KilnClient
-from kilnd_server import Kilnd, fresh_kiln
+from kilnd_server import Kilnd, fresh_kiln, server_requests
 
 # torch's structured-trace logger would flood failure reports with empty records.
 logging.getLogger("torch.__trace").addFilter(lambda record: False)
@@ -79,10 +79,6 @@ def server():
 def fresh(monkeypatch):
     yield from fresh_kiln(monkeypatch)
 
-
-def server_requests(address):
-    with KilnClient(address) as c:
-        return dict(c.get_stats().requests)
 
 
 def train_and_infer(model_cls, shape, backend_options=None, steps=3):

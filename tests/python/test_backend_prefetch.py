@@ -18,7 +18,7 @@ import torch.nn as nn
 import kiln
 import kiln.backend
 from kiln.rpc import KilnClient
-from kilnd_server import Kilnd, fresh_kiln, kilnd_path
+from kilnd_server import Kilnd, fresh_kiln, kilnd_path, server_requests
 
 logging.getLogger("torch.__trace").addFilter(lambda record: False)
 
@@ -43,11 +43,6 @@ def server():
 def fresh(monkeypatch):
     yield from fresh_kiln(monkeypatch)
 
-
-def server_requests(address):
-    """kilnd's requests by outcome: compiled, joined, memory_hit, disk_hit, miss..."""
-    with KilnClient(address) as c:
-        return dict(c.get_stats().requests)
 
 
 def hits(requests):

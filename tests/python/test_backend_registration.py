@@ -15,7 +15,7 @@ import kiln
 import kiln.backend
 from kiln import proto, testing
 from kiln.rpc import KilnClient
-from kilnd_server import Kilnd, fresh_kiln
+from kilnd_server import Kilnd, fresh_kiln, server_requests
 
 logging.getLogger("torch.__trace").addFilter(lambda record: False)
 
@@ -31,10 +31,6 @@ def server():
 def fresh(monkeypatch):
     yield from fresh_kiln(monkeypatch)
 
-
-def server_requests(address):
-    with KilnClient(address) as c:
-        return dict(c.get_stats().requests)
 
 
 def f(x):
