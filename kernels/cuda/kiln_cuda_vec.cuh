@@ -7,6 +7,10 @@
 // run-time alignment check (aligned()), with a scalar path for the rest. misalign(p, n): how many
 // elements p lies past an n-element boundary (rows whose length is not a multiple of the width
 // start their vectors that many elements early: the first and last chunk of a row go scalar).
+// cp_async<N>(smem, gmem): an asynchronous copy of N = 4, 8 or 16 bytes (both addresses aligned
+// to N) from global to shared memory (sm_80+: cp.async, .cg for 16 bytes, bypassing L1); the
+// bytes are there once the same thread has called cp_async_wait_all() (commit_group +
+// wait_group 0). Elsewhere (older archs, the host emulator) a plain copy and a no-op.
 
 #include "kernels/cuda/kiln_cuda_half.cuh"
 
@@ -29,6 +33,29 @@ template <typename T> KILN_DEV bool aligned(const T* p, int bytes) {
 template <typename T> KILN_DEV int misalign(const T* p, int n) {
   return static_cast<int>((reinterpret_cast<unsigned long long>(p) / sizeof(T)) %
                           static_cast<unsigned long long>(n));
+}
+
+template <int N> KILN_DEV void cp_async(void* smem, const void* gmem) {
+  static_assert(N == 4 || N == 8 || N == 16, "cp.async copies 4, 8 or 16 bytes");
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  if (N == 16) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+  } else {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(s), "l"(gmem), "n"(N) : "memory");
+  }
+#else
+  struct alignas(N) Bytes {
+    unsigned char b[N];
+  };
+  *reinterpret_cast<Bytes*>(smem) = *reinterpret_cast<const Bytes*>(gmem);
+#endif
+}
+
+KILN_DEV void cp_async_wait_all() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
+#endif
 }
 
 }  // namespace kiln_cuda

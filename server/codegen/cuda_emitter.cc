@@ -235,7 +235,10 @@ class CudaKernelEmitter : public CpuKernelEmitter {
       return code.empty() ? CpuKernelEmitter::LoadExprCode(e) : code;
     }
     if (smem_arrays_.count(cached->second.name)) {
-      // kSharedRow: the slot is in shared memory; f16/bf16 as their bit patterns.
+      // kSharedRow: the slot is in shared memory; f16/bf16 as their bit patterns. Vector rows:
+      // filled before the load's first phase (EmitSharedFill), `code` the chunk's vector read
+      // from shared memory once (EmitVectorLanes).
+      if (smem_vec_) return code.empty() ? SlotValue(cached->second.name) : code;
       const std::string slot = Slot(cached->second.name);
       if (phase_ != cached->second.first_phase || !filled_.insert(key).second) return SlotValue(cached->second.name);
       std::string raw = absl::StrCat("b", e.buffer.index, "[", IndexCode(e.index), "]");
@@ -604,7 +607,7 @@ class CudaKernelEmitter : public CpuKernelEmitter {
       auto it = full_plan.loads.find(key);
       if (it == full_plan.loads.end()) continue;
       auto cached = cache_.find(key);
-      if (cached != cache_.end() && cached->second.first_phase != phase_) continue;
+      if (cached != cache_.end() && cached->second.first_phase != phase_ && !smem_vec_) continue;
       plan.loads.insert(*it);
     }
     for (const Stmt& s : stmts) {
@@ -615,6 +618,13 @@ class CudaKernelEmitter : public CpuKernelEmitter {
     w_.Open("");
     w_.Linef("const idx_t ", kernel::VarName(x), " = ", base, ";");
     for (const auto& [key, a] : plan.loads) {
+      auto cached = cache_.find(key);
+      if (smem_vec_ && cached != cache_.end()) {
+        // kSharedRow's vector rows: the chunk's slot in shared memory, read once.
+        w_.Linef("const kiln_cuda::Vec<", SmemType(a.buffer.dtype), ", ", plan.width, "> ", a.name,
+                 " = ", cached->second.name, "[kiln_e * ", group_, " + kiln_lane];");
+        continue;
+      }
       w_.Linef("const kiln_cuda::Vec<", StorageType(a.buffer.dtype), ", ", plan.width, "> ", a.name,
                " = kiln_cuda::load_vec<", plan.width, ">(b", a.buffer.index, " + (",
                IndexCode(a.index), "));");
@@ -1073,6 +1083,7 @@ class CudaKernelEmitter : public CpuKernelEmitter {
     shifted_ = !plan.shift.empty();
     const bool shared = launch_.layout == CudaLayout::kSharedRow;
     smem_arrays_.clear();
+    smem_vec_ = false;
     PushScope();
     if (shifted_) w_.Linef("const idx_t kiln_sh = ", plan.shift, ";");
     for (const Accumulator& a : k_.accumulators) {
@@ -1097,6 +1108,7 @@ class CudaKernelEmitter : public CpuKernelEmitter {
                (int64_t{group_} * width);
       std::map<std::string, int> first, count;
       std::map<std::string, ScalarType> type;
+      std::map<std::string, const ExprNode*> node;
       for (size_t p = 0; p < k_.phases.size(); ++p) {
         std::set<std::string> here;
         for (const ExprNode* l : LoadsOf(k_.phases[p].stmts)) {
@@ -1109,6 +1121,7 @@ class CudaKernelEmitter : public CpuKernelEmitter {
           if (!first.count(key)) first[key] = static_cast<int>(p);
           ++count[key];
           type[key] = l->type;
+          node[key] = l;
         }
       }
       int64_t values = 0;
@@ -1118,12 +1131,17 @@ class CudaKernelEmitter : public CpuKernelEmitter {
       if (values > limit || !cache) values = 0;
       if (shared && cache) {
         // kSharedRow: each recurring load's slots in dynamic shared memory, one after another
-        // (each a multiple of 32 bytes: the block is a multiple of 32 threads).
+        // (each a multiple of 32 bytes: the block is a multiple of 32 threads). Vector rows: slots
+        // of a chunk's Vec<T, width>, chunk-major ([kiln_e * block + thread]), filled by
+        // asynchronous copies before the load's first phase (EmitSharedFill).
+        smem_vec_ = width > 1;
         int64_t offset = 0;
         for (const auto& [key, c] : count) {
           if (c < 2) continue;
-          CacheEntry e{absl::StrCat("kiln_c", cache_.size()), first[key]};
-          const std::string t = SmemType(type[key]);
+          CacheEntry e{absl::StrCat("kiln_c", cache_.size()), first[key], node[key]};
+          const std::string t = smem_vec_ ? absl::StrCat("kiln_cuda::Vec<", SmemType(type[key]), ", ",
+                                                         width, ">")
+                                          : SmemType(type[key]);
           w_.Linef(t, "* const ", e.name, " = reinterpret_cast<", t, "*>(kiln_dsmem + ", offset, ");");
           smem_arrays_[e.name] = type[key];
           cache_[key] = e;
@@ -1178,6 +1196,7 @@ class CudaKernelEmitter : public CpuKernelEmitter {
       phase_ = static_cast<int>(p);
       const std::vector<Stmt>& stmts = k_.phases[p].stmts;
       w_.Linef("// phase ", p);
+      if (smem_vec_) EmitSharedFill(plan, chunks, *total_c);
       int opened = 0;
       if (column) {
         w_.Open("if (kiln_active)");
@@ -1244,6 +1263,7 @@ class CudaKernelEmitter : public CpuKernelEmitter {
     phase_ = -1;
     cache_.clear();
     two_pass_.clear();
+    smem_vec_ = false;
     if (!k_.body.empty()) {
       w_.Open(column ? "if (kiln_active && kiln_lane == 0)" : "if (kiln_lane == 0)");
       PushScope();
@@ -1252,6 +1272,70 @@ class CudaKernelEmitter : public CpuKernelEmitter {
       w_.Close();
     }
     PopScope();
+  }
+
+  // kSharedRow's vector rows: fills the slots of the cached loads first read in this phase before
+  // it. A chunk within the row moves by one asynchronous copy (cp.async) per load, straight into
+  // its slot; the row's first and last chunks of shifted rows go element by element (lanes outside
+  // the row are left as they are: every read of them is skipped). A thread fills only the slots it
+  // reads back later (chunk-major, its own), so no barrier: only a wait for its copies.
+  void EmitSharedFill(const VecPlan& plan, int64_t chunks, int64_t total) {
+    std::vector<const CacheEntry*> fill;
+    for (const auto& [key, e] : cache_) {
+      if (e.first_phase == phase_ && smem_arrays_.count(e.name)) fill.push_back(&e);
+    }
+    if (fill.empty()) return;
+    const int width = plan.width;
+    auto slot = [&](const CacheEntry& e) {
+      return absl::StrCat(e.name, "[kiln_e * ", group_, " + kiln_lane]");
+    };
+    auto scalar = [&](const CacheEntry& e, int j) {
+      w_.Linef(slot(e), ".v[", j, "] = b", e.load->buffer.index, "[", IndexCode(e.load->index), "];");
+    };
+    w_.Raw(chunks <= 16 ? "#pragma unroll" : "#pragma unroll 4");
+    w_.Open(absl::StrCat("for (int kiln_e = 0; kiln_e < ", chunks, "; ++kiln_e)"));
+    w_.Linef("const idx_t kiln_rb = (static_cast<idx_t>(kiln_e) * ", group_, " + kiln_lane) * ", width,
+             shifted_ ? " - kiln_sh" : "", ";");
+    if (shifted_) {
+      w_.Open(absl::StrCat("if (kiln_rb >= 0 && kiln_rb + ", width, " <= ", total, ")"));
+    } else {
+      w_.Open(total % (int64_t{group_} * width) != 0 ? absl::StrCat("if (kiln_rb < ", total, ")") : "");
+    }
+    w_.Line("const idx_t r0 = kiln_rb;");
+    for (const CacheEntry* e : fill) {
+      const std::string key = AccessKey(e->load->buffer, e->load->index);
+      const int64_t bytes = SmemBytes(e->load->type) * width;
+      if (plan.loads.count(key) &&
+          SmemBytes(e->load->type) == kernel::ScalarTypeBytes(e->load->buffer.dtype) &&
+          (bytes == 4 || bytes == 8 || bytes == 16)) {
+        w_.Linef("kiln_cuda::cp_async<", bytes, ">(&", slot(*e), ", b", e->load->buffer.index, " + (",
+                 IndexCode(e->load->index), "));");
+        continue;
+      }
+      // Not a vector access of the plan: element by element.
+      for (int j = 0; j < width; ++j) {
+        w_.Open("");
+        w_.Linef("const idx_t r0 = kiln_rb + ", j, ";");
+        scalar(*e, j);
+        w_.Close();
+      }
+    }
+    w_.Close();
+    if (shifted_) {
+      w_.Open(absl::StrCat("else if (kiln_rb < ", total, ")"));
+      for (int j = 0; j < width; ++j) {
+        w_.Open("");
+        w_.Linef("const idx_t kiln_r = kiln_rb + ", j, ";");
+        w_.Open(absl::StrCat("if (kiln_r >= 0 && kiln_r < ", total, ")"));
+        w_.Line("const idx_t r0 = kiln_r;");
+        for (const CacheEntry* e : fill) scalar(*e, j);
+        w_.Close();
+        w_.Close();
+      }
+      w_.Close();
+    }
+    w_.Close();
+    w_.Line("kiln_cuda::cp_async_wait_all();");
   }
 
   // A chunk of a shifted row (PlanShiftedVector) from kiln_rb = its first element (-kiln_sh for
@@ -1300,6 +1384,7 @@ class CudaKernelEmitter : public CpuKernelEmitter {
   struct CacheEntry {
     std::string name;
     int first_phase = 0;
+    const ExprNode* load = nullptr;  // the cached load
   };
   // An online-softmax or Welford accumulator whose phase keeps its values in registers: pass A
   // stores each value (or finds it in a row cache) and folds the max / the sum, an all-reduce,
@@ -1340,7 +1425,13 @@ class CudaKernelEmitter : public CpuKernelEmitter {
   void SeedScope() {
     for (const auto& [id, tp] : two_pass_) {
       if (phase_ <= tp.phase) continue;
-      for (const ExprNode* e : tp.exp_nodes) scopes_.back()[e] = Slot(tp.array);
+      std::string slot = Slot(tp.array);
+      if (smem_vec_ && plan_ != nullptr && lane_ >= 0) {
+        // kSharedRow's vector rows: the chunk's vector, already read from shared memory.
+        auto vec = plan_->loads.find(tp.key);
+        if (vec != plan_->loads.end()) slot = absl::StrCat(vec->second.name, ".v[", lane_, "]");
+      }
+      for (const ExprNode* e : tp.exp_nodes) scopes_.back()[e] = slot;
     }
   }
 
@@ -1348,6 +1439,12 @@ class CudaKernelEmitter : public CpuKernelEmitter {
   // slot, slot-major over the block's threads).
   std::string Slot(const std::string& array) const {
     if (smem_arrays_.count(array)) {
+      if (smem_vec_) {
+        const std::string chunk = array == local_vec_array_
+                                      ? local_vec_
+                                      : absl::StrCat(array, "[kiln_e * ", group_, " + kiln_lane]");
+        return absl::StrCat(chunk, ".v[", (lane_ < 0 ? 0 : lane_), "]");
+      }
       const std::string slot =
           width_ == 1 ? "kiln_e" : absl::StrCat("(kiln_e * ", width_, " + ", (lane_ < 0 ? 0 : lane_), ")");
       return absl::StrCat(array, "[", slot, " * ", group_, " + kiln_lane]");
@@ -1422,6 +1519,16 @@ class CudaKernelEmitter : public CpuKernelEmitter {
         w_.Open(absl::StrCat("if ((static_cast<idx_t>(kiln_e) * ", group_, " + kiln_lane)",
                              width_ == 1 ? "" : absl::StrCat(" * ", width_), " < ", total, ")"));
       }
+      auto smem = smem_arrays_.find(two->second.array);
+      const bool local = smem_vec_ && smem != smem_arrays_.end();
+      if (local) {
+        // The chunk's vector read once (and written back once with the exps).
+        const std::string slot = absl::StrCat(smem->first, "[kiln_e * ", group_, " + kiln_lane]");
+        w_.Linef(two->second.exp_nodes.empty() ? "const " : "", "kiln_cuda::Vec<",
+                 SmemType(smem->second), ", ", width_, "> kiln_x = ", slot, ";");
+        local_vec_array_ = smem->first;
+        local_vec_ = "kiln_x";
+      }
       for (int j = 0; j < width_; ++j) {
         lane_ = width_ == 1 ? -1 : j;
         if (shifted_) {
@@ -1447,6 +1554,13 @@ class CudaKernelEmitter : public CpuKernelEmitter {
         }
       }
       lane_ = -1;
+      if (local) {
+        if (!two->second.exp_nodes.empty()) {
+          w_.Linef(smem->first, "[kiln_e * ", group_, " + kiln_lane] = kiln_x;");
+        }
+        local_vec_array_.clear();
+        local_vec_.clear();
+      }
       if (guard) w_.Close();
       w_.Close();
       w_.Close();
@@ -1470,6 +1584,8 @@ class CudaKernelEmitter : public CpuKernelEmitter {
   int64_t row_grid_ = 0;  // kBlockPerRow: the grid cap of uncached long rows (0: none)
   int shared_blocks_per_sm_ = 1;  // kSharedRow: blocks per SM by shared memory (launch bounds)
   std::map<std::string, ScalarType> smem_arrays_;  // kSharedRow: cache arrays in shared memory
+  bool smem_vec_ = false;  // kSharedRow's vector rows: Vec slots filled by EmitSharedFill
+  std::string local_vec_array_, local_vec_;  // pass B: a shared array's chunk read into a local
   CudaLaunch launch_;
   int group_ = 1;        // threads per row
   int smem_bytes_ = 0;   // static shared memory for the all-reduce

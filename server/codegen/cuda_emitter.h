@@ -91,12 +91,19 @@
 //   * kSharedRow (sm_80+, static lengths; cuda_long_rows.h ChooseSharedRows decides): kBlockPerRow
 //     whose row cache lives in dynamic shared memory (kiln_cuda::dynamic_smem(), launch.shared_bytes)
 //     instead of registers, for rows too long for a block's registers with rows enough (>= one
-//     per SM): HBM is read once, and several blocks share an SM. The cache is slot-major, element
-//     (slot, thread) at [slot * block + threadIdx.x] with slot = chunk * width + lane (consecutive
-//     threads, consecutive banks); f16/bf16 loads are kept as their 16-bit patterns and widened
-//     at each read (no exp reuse into them), others as their value type. A thread reads back only
-//     the slots it wrote, so the cache needs no barrier of its own (a row's next fill follows
-//     the all-reduces of the row before). Two-pass statistics read the cached load; values that
+//     per SM): HBM is read once, and several blocks share an SM. Vector rows (width > 1): the
+//     cache holds a chunk's Vec<T, width> per slot, chunk e of thread t at [e * block + t]
+//     (16 bytes for bf16 x 8 / f32 x 4: consecutive threads, conflict-free), filled before the
+//     load's first phase by one asynchronous copy per chunk within the row (cp.async, sm_80+;
+//     all of a thread's copies in flight at once) and element by element for the partial chunks
+//     at a shifted row's edges (their lanes outside the row are never read), then
+//     cp_async_wait_all; every phase reads the slots (a chunk's vector once). Scalar rows: element
+//     (slot, thread) at [slot * block + threadIdx.x] with slot = chunk, filled by the first phase
+//     as it loads. f16/bf16 loads are kept as their 16-bit patterns and widened at each read (no
+//     exp reuse into them), others as their value type. A thread reads back only the slots it
+//     wrote, so the cache needs no barrier of its own (a thread's fill of the next row follows
+//     its own reads of the row before; the vector-or-scalar choice is uniform over the kernel,
+//     so the layout never changes between rows). Two-pass statistics read the cached load; values that
 //     are not a cached load keep registers (within the budget) or the online rule. The grid is
 //     one wave of blocks over the SMs, as many as fit by shared memory
 //     (__launch_bounds__(block, that many)), grid-stride over the rows.

@@ -691,10 +691,23 @@ extern "C" __global__ void __launch_bounds__(512, 2) kiln_kernel_0(const uint16_
   EXPECT_EQ(launch.shared_bytes, 13 * 8 * 512 * 2);
   EXPECT_EQ(launch.max_grid, 264);
   EXPECT_TRUE(absl::StrContains(src, "__launch_bounds__(512, 2)")) << src;
-  EXPECT_TRUE(absl::StrContains(src, "uint16_t* const kiln_c0 = reinterpret_cast<uint16_t*>(kiln_dsmem + 0);"));
-  EXPECT_EQ(Count(src, "kiln_c0[(kiln_e * 8 + 7) * 512 + kiln_lane] = v"), 2) << "vector and edge lanes fill";
-  EXPECT_EQ(Count(src, "kiln_cuda::bf16_to_f32(kiln_c0[(kiln_e * 8 + 7) * 512 + kiln_lane])"), 3)
-      << "pass B and phase 1 (vector and edge lanes) read and widen";
+  // The vector path's slots are chunks (Vec<uint16_t, 8>, chunk-major), filled before phase 0 by
+  // one cp.async per chunk within the row and element by element at its edges; every phase reads
+  // them from shared memory (a chunk's vector once), none from global memory.
+  EXPECT_TRUE(absl::StrContains(src, "kiln_cuda::Vec<uint16_t, 8>* const kiln_c0 = "
+                                     "reinterpret_cast<kiln_cuda::Vec<uint16_t, 8>*>(kiln_dsmem + 0);"))
+      << src;
+  EXPECT_EQ(Count(src, "kiln_cuda::cp_async<16>(&kiln_c0[kiln_e * 512 + kiln_lane], b0 + (o0 * 50257 + r0));"), 1);
+  EXPECT_EQ(Count(src, "kiln_c0[kiln_e * 512 + kiln_lane].v[7] = b0[o0 * 50257 + r0];"), 1) << "edge lanes fill";
+  EXPECT_EQ(Count(src, "kiln_cuda::cp_async_wait_all();"), 1);
+  EXPECT_LT(src.find("kiln_cuda::cp_async_wait_all();"), src.find("acc0.max = kiln_cuda::max_nan"));
+  EXPECT_EQ(Count(src, "const kiln_cuda::Vec<uint16_t, 8> kiln_lv0 = kiln_c0[kiln_e * 512 + kiln_lane];"), 2)
+      << "phases 0 and 1 read a chunk's vector once";
+  EXPECT_EQ(Count(src, "const kiln_cuda::Vec<uint16_t, 8> kiln_x = kiln_c0[kiln_e * 512 + kiln_lane];"), 1)
+      << "pass B too";
+  EXPECT_EQ(Count(src, "kiln_cuda::bf16_to_f32(kiln_c0[kiln_e * 512 + kiln_lane].v[7])"), 2)
+      << "edge lanes of phases 0 and 1 read and widen";
+  EXPECT_EQ(Count(src, "load_vec<8>(b0"), 0) << "no global vector loads of the cached row";
   EXPECT_FALSE(absl::StrContains(src, "] = kiln_cuda::exp(")) << "no exps into 16-bit slots";
   // A layer norm's Welford reads the cached bf16 row in its pass B too.
   src = EmitOne(kt::LayerNormBf16(50257, 1e-5f), /*vectorize=*/true, &launch);
