@@ -146,8 +146,8 @@ struct CudaEmitOptions {
   int row_values = 32;       // row kernels: cached values per thread a block size aims at
   int max_row_block = 1024;  // row kernels: the largest block
   int max_cluster = 8;       // kClusterRow: blocks per cluster (< 2: never; sm_8x: never)
-  int shared_row_blocks_per_sm = 2;  // kAuto takes kSharedRow where this many blocks fit an SM
-                                     // (cuda_long_rows.h; 0: never, 1: up to ~226 KiB a block)
+  int shared_row_blocks_per_sm = 1;  // kAuto takes kSharedRow where this many blocks fit an SM
+                                     // (cuda_long_rows.h; 0: never, 2: up to ~112 KiB a block)
   int shared_row_block = 512;        // kSharedRow: threads per block (at most max_row_block)
   CudaLongRows long_rows = CudaLongRows::kAuto;
   std::vector<CudaLongRows> kernel_long_rows;  // by kernel index, overriding long_rows where

@@ -714,8 +714,12 @@ extern "C" __global__ void __launch_bounds__(512, 2) kiln_kernel_0(const uint16_
   EXPECT_EQ(launch.layout, CudaLayout::kSharedRow);
   EXPECT_EQ(launch.shared_bytes, 13 * 8 * 512 * 2);
   EXPECT_TRUE(absl::StrContains(src, ".mean;")) << src;
-  // f32 rows too long for registers need one block per SM (not by default), as bf16 65536.
+  // f32 rows too long for registers take one block per SM (by default too); f32 65536 columns
+  // (256 KiB) fit no block and stay a cluster.
   EmitOne(kt::RowSoftmax(40000, false), true, &launch);
+  EXPECT_EQ(launch.layout, CudaLayout::kSharedRow);
+  EXPECT_EQ(launch.max_grid, 132);
+  EmitOne(kt::RowSoftmax(65536, false), true, &launch);
   EXPECT_EQ(launch.layout, CudaLayout::kClusterRow);
 }
 

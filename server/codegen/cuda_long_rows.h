@@ -28,10 +28,14 @@
 // Shared rows (sm_80+, the emitter's kSharedRow layout): one block per row whose recurring loads
 // are cached in the block's dynamic shared memory instead of registers (f16/bf16 as their 16-bit
 // bit patterns, so a 50257-column bf16 row takes ~104 KB). ChooseSharedRows takes them for static
-// rows too long for one block's registers whose cache fits `shared_row_blocks_per_sm` blocks per
-// SM (2 by default: <= ~112 KiB a block on sm_90, ~80 KiB on sm_80) and rows enough (>= one per
-// SM, or an unknown count; on archs without clusters any count); fewer rows keep clusters. The
-// grid is one wave of the blocks that fit an SM by shared memory (persistent over the rows).
+// rows too long for one block's registers whose cache fits at least `shared_row_blocks_per_sm`
+// blocks per SM (1 by default: up to ~226 KiB a block on sm_90, ~162 KiB on sm_80; two blocks
+// share an SM where they fit) and rows enough (>= one per SM, or an unknown count; on archs
+// without clusters any count); fewer rows keep clusters. The grid is one wave of the blocks that
+// fit an SM by shared memory (persistent over the rows). Measured on the H200 with the rows
+// filled by cp.async (fixtures, 2026-11-21): bf16 4096 x 50257 softmax 54.3% of copy at two
+// blocks per SM (41.8% at one, 32.7% as a cluster); at one block per SM f32 4096 x 50257 70.9%
+// (cluster 48.8%), bf16 65536 columns 59.3% (cluster 54.4%).
 
 #include <cstdint>
 #include <string>
@@ -77,9 +81,9 @@ struct ClusterRowLimits {
   int64_t max_shared_bytes_per_block = 227 * 1024;
   int64_t reserved_shared_bytes = 1024;  // per block, taken by the system (sm_80+)
   int64_t static_shared_bytes = 0;       // the kernel's static __shared__ (the all-reduce slots)
-  // kAuto takes shared rows whose cache lets this many blocks share an SM (2: ~112 KiB a block
-  // on sm_90; 1: up to ~226 KiB at one block per SM; 0: never automatically).
-  int shared_row_blocks_per_sm = 2;
+  // kAuto takes shared rows whose cache lets at least this many blocks share an SM (1: up to
+  // ~226 KiB at one block per SM on sm_90; 2: ~112 KiB; 0: never automatically).
+  int shared_row_blocks_per_sm = 1;
   int shared_row_block = 512;  // threads per block (at most max_row_block)
 };
 

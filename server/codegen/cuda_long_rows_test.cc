@@ -198,12 +198,13 @@ TEST(ChooseSharedRows, RowsTooLongForRegistersWithRowsEnoughShareAnSmTwoBlocksAt
   EXPECT_FALSE(ChooseSharedRows(Row(50264, int64_t{131}, 8, 2), limits, false));
   // The layer norm of the same rows (one recurring load).
   EXPECT_TRUE(ChooseSharedRows(Row(50264, int64_t{4096}, 8, 2), limits, false));
-  // bf16 65536 (128 KiB) and f32 50257 (196 KiB): one block per SM only, not by default...
-  EXPECT_FALSE(ChooseSharedRows(Row(65536, int64_t{4096}, 8, 2), limits, false));
-  EXPECT_FALSE(ChooseSharedRows(Row(50260, int64_t{4096}, 4, 4), limits, false));
-  // ...unless the limits allow one block per SM.
-  ClusterRowLimits one = limits;
-  one.shared_row_blocks_per_sm = 1;
+  // bf16 65536 (128 KiB) and f32 50257 (196 KiB): one block per SM, by default...
+  ClusterRowLimits two = limits;
+  two.shared_row_blocks_per_sm = 2;
+  EXPECT_FALSE(ChooseSharedRows(Row(65536, int64_t{4096}, 8, 2), two, false));
+  EXPECT_FALSE(ChooseSharedRows(Row(50260, int64_t{4096}, 4, 4), two, false));
+  // ...but not when the limits ask for two blocks per SM (above).
+  const ClusterRowLimits& one = limits;
   c = ChooseSharedRows(Row(65536, int64_t{4096}, 8, 2), one, false);
   ASSERT_TRUE(c);
   EXPECT_EQ(c->bytes, 131072);
@@ -248,10 +249,11 @@ TEST(ChooseSharedRows, ForcedWheneverTheCacheFitsOneBlock) {
 
 TEST(ChooseSharedRows, Sm80HasLessSharedMemoryAndNoClusters) {
   const ClusterRowLimits limits = Sm80();
-  // bf16 50257: 104 KiB, two blocks do not fit 164 KiB: not by default; one per SM does.
-  EXPECT_FALSE(ChooseSharedRows(Row(50264, int64_t{4096}, 8, 2), limits, false));
-  ClusterRowLimits one = limits;
-  one.shared_row_blocks_per_sm = 1;
+  // bf16 50257: 104 KiB, two blocks do not fit 164 KiB: one per SM (refused when two are asked).
+  ClusterRowLimits two = limits;
+  two.shared_row_blocks_per_sm = 2;
+  EXPECT_FALSE(ChooseSharedRows(Row(50264, int64_t{4096}, 8, 2), two, false));
+  const ClusterRowLimits& one = limits;
   absl::optional<SharedRowChoice> c = ChooseSharedRows(Row(50264, int64_t{4096}, 8, 2), one, false);
   ASSERT_TRUE(c);
   EXPECT_EQ(c->blocks_per_sm, 1);
