@@ -278,7 +278,7 @@ class CudaKernelEmitter : public CpuKernelEmitter {
                k_.outer.size(), " outer dims, ", k_.reduce.size(), " reduction dims, ",
                k_.phases.size(), " phases, vector width ", launch_.vector_width, ", ",
                launch_.cached_values, " cached values per thread",
-               SharedCache()
+               launch_.layout == CudaLayout::kSharedRow
                    ? absl::StrCat(", ", launch_.shared_bytes, " bytes of shared row cache per block")
                    : "");
     std::vector<std::string> params;
@@ -408,8 +408,6 @@ class CudaKernelEmitter : public CpuKernelEmitter {
     limits.static_shared_bytes = smem_bytes_;
     limits.shared_row_blocks_per_sm = cuda_.shared_row_blocks_per_sm;
     limits.shared_row_block = cuda_.shared_row_block;
-    limits.cluster_shared_rows =
-        cuda_.cluster_shared_rows && long_rows_ != CudaLongRows::kClusterRegisters;
     return limits;
   }
 
@@ -432,12 +430,10 @@ class CudaKernelEmitter : public CpuKernelEmitter {
     bool shifted_rows = false;
     int shifted_width = 1;
     const ClusterRowFacts facts = LongRowFacts(total, rows, &shifted_rows, &shifted_width);
-    ClusterRowLimits limits = LongRowLimits(shifted_rows, shifted_width);
-    limits.static_shared_bytes += 64;  // the cluster's published slots (kiln_cuda_cluster.cuh)
+    const ClusterRowLimits limits = LongRowLimits(shifted_rows, shifted_width);
     absl::optional<ClusterRowChoice> choice;
     if (long_rows_ != CudaLongRows::kBlockPerRow) choice = ChooseClusterRows(facts, limits);
-    if (!choice && long_rows_ != CudaLongRows::kCluster && long_rows_ != CudaLongRows::kShared &&
-        long_rows_ != CudaLongRows::kClusterRegisters) {
+    if (!choice && long_rows_ != CudaLongRows::kCluster && long_rows_ != CudaLongRows::kShared) {
       *row_grid = UncachedRowGrid(facts, limits, block);
     }
     return choice;
@@ -626,7 +622,7 @@ class CudaKernelEmitter : public CpuKernelEmitter {
       if (smem_vec_ && cached != cache_.end()) {
         // kSharedRow's vector rows: the chunk's slot in shared memory, read once.
         w_.Linef("const kiln_cuda::Vec<", SmemType(a.buffer.dtype), ", ", plan.width, "> ", a.name,
-                 " = ", SmemSlot(cached->second.name, "kiln_e"), ";");
+                 " = ", cached->second.name, "[kiln_e * ", group_, " + kiln_lane];");
         continue;
       }
       w_.Linef("const kiln_cuda::Vec<", StorageType(a.buffer.dtype), ", ", plan.width, "> ", a.name,
@@ -962,9 +958,6 @@ class CudaKernelEmitter : public CpuKernelEmitter {
           launch_.layout = CudaLayout::kClusterRow;
           launch_.block = c->block;
           launch_.cluster = c->cluster;
-          // The row cached in each block's dynamic shared memory (EmitRow sets
-          // launch_.shared_bytes), after the static slots (CUDA places them apart).
-          cluster_shared_ = c->shared_bytes > 0;
           launch_.work = rows * Size::Const(c->cluster);
           group_ = c->block * c->cluster;
           pub_offset_ = 32 * max_state;
@@ -995,11 +988,6 @@ class CudaKernelEmitter : public CpuKernelEmitter {
                  launch_.block, " + static_cast<int>(threadIdx.x);");
         w_.Linef("uint32_t* const kiln_pub = reinterpret_cast<uint32_t*>(kiln_smem + ", pub_offset_,
                  ");");
-        if (cluster_shared_) {
-          // The shared row cache's slots are the block's own: [slot * block + thread in block].
-          w_.Line("const int kiln_t = static_cast<int>(threadIdx.x);");
-          w_.Line("unsigned char* const kiln_dsmem = kiln_cuda::dynamic_smem();");
-        }
         w_.Line("unsigned kiln_parity = 0;");
         w_.Open(absl::StrCat("for (idx_t kiln_u = blockIdx.x / ", launch_.cluster, "u; kiln_u < ",
                              rows_code, "; kiln_u += gridDim.x / ", launch_.cluster, "u)"));
@@ -1093,7 +1081,7 @@ class CudaKernelEmitter : public CpuKernelEmitter {
     const absl::optional<int64_t> total_c = total.AsConst();
     const bool column = launch_.layout == CudaLayout::kColumn;
     shifted_ = !plan.shift.empty();
-    const bool shared = SharedCache();
+    const bool shared = launch_.layout == CudaLayout::kSharedRow;
     smem_arrays_.clear();
     smem_vec_ = false;
     PushScope();
@@ -1157,7 +1145,7 @@ class CudaKernelEmitter : public CpuKernelEmitter {
           w_.Linef(t, "* const ", e.name, " = reinterpret_cast<", t, "*>(kiln_dsmem + ", offset, ");");
           smem_arrays_[e.name] = type[key];
           cache_[key] = e;
-          offset += SmemBytes(type[key]) * chunks * width * launch_.block;
+          offset += SmemBytes(type[key]) * chunks * width * group_;
         }
         launch_.shared_bytes = std::max<int>(launch_.shared_bytes, static_cast<int>(offset));
       } else if (values > 0) {
@@ -1298,7 +1286,9 @@ class CudaKernelEmitter : public CpuKernelEmitter {
     }
     if (fill.empty()) return;
     const int width = plan.width;
-    auto slot = [&](const CacheEntry& e) { return SmemSlot(e.name, "kiln_e"); };
+    auto slot = [&](const CacheEntry& e) {
+      return absl::StrCat(e.name, "[kiln_e * ", group_, " + kiln_lane]");
+    };
     auto scalar = [&](const CacheEntry& e, int j) {
       w_.Linef(slot(e), ".v[", j, "] = b", e.load->buffer.index, "[", IndexCode(e.load->index), "];");
     };
@@ -1450,12 +1440,14 @@ class CudaKernelEmitter : public CpuKernelEmitter {
   std::string Slot(const std::string& array) const {
     if (smem_arrays_.count(array)) {
       if (smem_vec_) {
-        const std::string chunk = array == local_vec_array_ ? local_vec_ : SmemSlot(array, "kiln_e");
+        const std::string chunk = array == local_vec_array_
+                                      ? local_vec_
+                                      : absl::StrCat(array, "[kiln_e * ", group_, " + kiln_lane]");
         return absl::StrCat(chunk, ".v[", (lane_ < 0 ? 0 : lane_), "]");
       }
       const std::string slot =
           width_ == 1 ? "kiln_e" : absl::StrCat("(kiln_e * ", width_, " + ", (lane_ < 0 ? 0 : lane_), ")");
-      return SmemSlot(array, slot);
+      return absl::StrCat(array, "[", slot, " * ", group_, " + kiln_lane]");
     }
     return width_ == 1 ? absl::StrCat(array, "[kiln_e]")
                        : absl::StrCat(array, "[kiln_e * ", width_, " + ", (lane_ < 0 ? 0 : lane_), "]");
@@ -1468,19 +1460,6 @@ class CudaKernelEmitter : public CpuKernelEmitter {
     Buffer b;
     b.dtype = smem->second;
     return Widen(b, Slot(array));
-  }
-  // Whether the row cache is in dynamic shared memory: kSharedRow, or kClusterRow's shared cache.
-  bool SharedCache() const {
-    return launch_.layout == CudaLayout::kSharedRow ||
-           (launch_.layout == CudaLayout::kClusterRow && cluster_shared_);
-  }
-  // Slot `slot` of the shared array `array` for this thread: slot-major over the block's threads
-  // (kSharedRow: kiln_lane is the thread; kClusterRow: kiln_t, the thread within its block).
-  std::string SmemSlot(const std::string& array, const std::string& slot) const {
-    if (launch_.layout == CudaLayout::kClusterRow) {
-      return absl::StrCat(array, "[", slot, " * ", launch_.block, " + kiln_t]");
-    }
-    return absl::StrCat(array, "[", slot, " * ", group_, " + kiln_lane]");
   }
   // A shared row cache slot's type and bytes: f16/bf16 as bit patterns.
   std::string SmemType(ScalarType t) const { return kernel::IsHalfType(t) ? "uint16_t" : ValueType(t); }
@@ -1544,7 +1523,7 @@ class CudaKernelEmitter : public CpuKernelEmitter {
       const bool local = smem_vec_ && smem != smem_arrays_.end();
       if (local) {
         // The chunk's vector read once (and written back once with the exps).
-        const std::string slot = SmemSlot(smem->first, "kiln_e");
+        const std::string slot = absl::StrCat(smem->first, "[kiln_e * ", group_, " + kiln_lane]");
         w_.Linef(two->second.exp_nodes.empty() ? "const " : "", "kiln_cuda::Vec<",
                  SmemType(smem->second), ", ", width_, "> kiln_x = ", slot, ";");
         local_vec_array_ = smem->first;
@@ -1577,7 +1556,7 @@ class CudaKernelEmitter : public CpuKernelEmitter {
       lane_ = -1;
       if (local) {
         if (!two->second.exp_nodes.empty()) {
-          w_.Linef(SmemSlot(smem->first, "kiln_e"), " = kiln_x;");
+          w_.Linef(smem->first, "[kiln_e * ", group_, " + kiln_lane] = kiln_x;");
         }
         local_vec_array_.clear();
         local_vec_.clear();
@@ -1604,7 +1583,6 @@ class CudaKernelEmitter : public CpuKernelEmitter {
   CudaLongRows long_rows_ = CudaLongRows::kAuto;  // this kernel's (options.kernel_long_rows)
   int64_t row_grid_ = 0;  // kBlockPerRow: the grid cap of uncached long rows (0: none)
   int shared_blocks_per_sm_ = 1;  // kSharedRow: blocks per SM by shared memory (launch bounds)
-  bool cluster_shared_ = false;   // kClusterRow: the row cache in dynamic shared memory
   std::map<std::string, ScalarType> smem_arrays_;  // kSharedRow: cache arrays in shared memory
   bool smem_vec_ = false;  // kSharedRow's vector rows: Vec slots filled by EmitSharedFill
   std::string local_vec_array_, local_vec_;  // pass B: a shared array's chunk read into a local

@@ -19,8 +19,7 @@
 //
 // Launch (CudaLaunch): blockDim = (block, 1, 1) EXACTLY (row layouts map warps and lanes to rows
 // with the block size as a constant), `shared_bytes` of dynamic shared memory (0 but for
-// kSharedRow and kClusterRow's shared cache; cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)
-// above 48 KiB),
+// kSharedRow; cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES) above 48 KiB),
 // gridDim = (CudaGridSize(launch, scalars), 1, 1) where
 //     grid = clamp(ceil(work / work_per_block), 1, max_grid)
 // with `work` a Size over the scalars. Every kernel loops grid-stride (persistent), so ANY grid
@@ -82,13 +81,7 @@
 //     cluster * block threads; all-reduces go through the cluster's distributed shared memory
 //     (kiln_cuda_cluster.cuh). For rows too long for one block's registers (read once from HBM,
 //     cached in the cluster's registers; with rows enough, kSharedRow takes those whose cache
-//     fits a block's shared memory) and for fewer rows than SMs (a split reduction). Rows too
-//     long for one block's registers whose part per block fits its shared memory (~200 KiB with
-//     the static slots, cuda_long_rows.h) are cached as kSharedRow caches them, in each block's
-//     dynamic shared memory (launch.shared_bytes, apart from the static all-reduce slots), filled
-//     by cp.async: the row position is that of lane kiln_lane of cluster * block, the slot that
-//     of the thread within its block, [e * block + threadIdx.x] (CudaEmitOptions::
-//     cluster_shared_rows = false: the registers). The
+//     fits a block's shared memory) and for fewer rows than SMs (a split reduction). The
 //     grid is a multiple of `cluster` (CudaGridSize rounds it); the kernel ends with a cluster
 //     barrier. Shared memory comes from cluster_smem (emulation gives each block its own).
 //     Rows too long for one block but with rows enough (>= kClusterRowsPerSm per SM) stay
@@ -134,9 +127,7 @@ enum class CudaLongRows {
                  // kSharedRow, few rows (and longer ones) clusters
   kBlockPerRow,  // never kClusterRow: one block per row (uncached past its registers; pass 2
                  // re-reads the row, from L2 when the grid keeps few enough rows in flight)
-  kCluster,      // kClusterRow wherever a cluster's registers hold the row (rows2's choice),
-                 // cached in shared memory where it fits (cluster_shared_rows)
-  kClusterRegisters,  // as kCluster, the row always in the cluster's registers (A/B fixtures)
+  kCluster,      // kClusterRow wherever a cluster's registers hold the row (rows2's choice)
   kShared,       // kSharedRow wherever some load recurs along a static row and its cache fits
                  // one block's shared memory (at one block per SM if need be); elsewhere as
                  // kCluster (sm_90+) or one uncached block
@@ -158,9 +149,6 @@ struct CudaEmitOptions {
   int shared_row_blocks_per_sm = 1;  // kAuto takes kSharedRow where this many blocks fit an SM
                                      // (cuda_long_rows.h; 0: never, 2: up to ~112 KiB a block)
   int shared_row_block = 512;        // kSharedRow: threads per block (at most max_row_block)
-  bool cluster_shared_rows = true;   // kClusterRow: rows too long for one block's registers
-                                     // cached in each block's dynamic shared memory where it fits
-                                     // (cuda_long_rows.h); false: in the cluster's registers
   CudaLongRows long_rows = CudaLongRows::kAuto;
   std::vector<CudaLongRows> kernel_long_rows;  // by kernel index, overriding long_rows where
                                                // given (fixtures comparing layouts side by side)
@@ -172,8 +160,7 @@ const char* CudaLayoutName(CudaLayout layout);  // "pointwise", "warp_per_row", 
 struct CudaLaunch {
   CudaLayout layout = CudaLayout::kPointwise;
   int block = 256;
-  int shared_bytes = 0;  // dynamic shared memory: the row cache of kSharedRow (and of kClusterRow
-                         // caching in shared memory), else 0 (static
+  int shared_bytes = 0;  // dynamic shared memory: kSharedRow's row cache, else 0 (static
                          // __shared__ is in the cubin); > 48 KiB needs the opt-in attribute
   kernel::Size work;     // pointwise: elements; rows: outer points
   int64_t work_per_block = 1;

@@ -18,7 +18,7 @@ namespace kt = ::kiln::kernel::testing;
 // The kernel's function alone (no prelude). KILN_PRINT_GOLDEN=1 prints it, to update the
 // expectations below intentionally.
 std::string EmitOne(const absl::StatusOr<Kernel>& k, bool vectorize = true,
-                    CudaLaunch* launch = nullptr, bool tile = true, bool cluster_shared_rows = true) {
+                    CudaLaunch* launch = nullptr, bool tile = true) {
   EXPECT_TRUE(k.ok()) << k.status();
   if (!k.ok()) return "";
   EXPECT_TRUE(VerifyKernel(*k).ok());
@@ -26,7 +26,6 @@ std::string EmitOne(const absl::StatusOr<Kernel>& k, bool vectorize = true,
   options.include_prelude = false;
   options.vectorize = vectorize;
   options.tile = tile;
-  options.cluster_shared_rows = cluster_shared_rows;
   absl::StatusOr<CudaSource> src = EmitCudaSource({*k}, options);
   EXPECT_TRUE(src.ok()) << src.status();
   if (!src.ok()) return "";
@@ -456,12 +455,9 @@ TEST(CudaEmitter, SixtyFourBitIndicesForHugeSizesAndAThirtyTwoBitInstanceForScal
 // A 65536-column f32 softmax does not fit one block's registers: on sm_90 the row is spread over
 // a cluster of 4 blocks of 512 threads (32 values each, read once), the all-reduces meet in
 // distributed shared memory, and the grid is a multiple of the cluster. sm_80 keeps one block.
-// The cluster's register cache (cluster_shared_rows = false; the default caches it in shared
-// memory, below).
 TEST(CudaEmitterGolden, RowsTooLongForABlockSpreadOverACluster) {
   CudaLaunch launch;
-  const std::string src = EmitOne(kt::RowSoftmax(65536, false), true, &launch, true,
-                                  /*cluster_shared_rows=*/false);
+  const std::string src = EmitOne(kt::RowSoftmax(65536, false), true, &launch);
   EXPECT_EQ(launch.layout, CudaLayout::kClusterRow);
   EXPECT_EQ(launch.cluster, 4);
   EXPECT_EQ(launch.block, 512);
@@ -617,176 +613,6 @@ extern "C" __global__ void __cluster_dims__(4, 1, 1) __launch_bounds__(512, 2) k
   EXPECT_EQ(CudaGridSize(launch, {1 << 20}).value() % 4, 0);
 }
 
-// The same cluster caching the row in each block's dynamic shared memory (the default): 8 chunks
-// of Vec<float, 4> a thread, filled by cp.async at [e * 512 + thread in block] (64 KiB a block)
-// while the row position is that of the cluster's lane; the static all-reduce slots apart.
-TEST(CudaEmitterGolden, ClusterRowsCachedInSharedMemory) {
-  CudaLaunch launch;
-  const std::string src = EmitOne(kt::RowSoftmax(65536, false), true, &launch);
-  EXPECT_EQ(launch.layout, CudaLayout::kClusterRow);
-  EXPECT_EQ(launch.cluster, 4);
-  EXPECT_EQ(launch.block, 512);
-  EXPECT_EQ(launch.cached_values, 0);
-  EXPECT_EQ(launch.shared_bytes, 65536);
-  EXPECT_EQ(src, R"(// kiln_kernel_0: cluster_row, 1 outer dims, 1 reduction dims, 2 phases, vector width 4, 0 cached values per thread, 65536 bytes of shared row cache per block
-template <typename idx_t>
-KILN_DEV void kiln_kernel_0_body(const float* __restrict__ b0, float* __restrict__ b1, int64_t n0, unsigned char* kiln_smem) {
-  const bool kiln_vec = kiln_cuda::aligned(b0, 16) && kiln_cuda::aligned(b1, 16);
-  const int kiln_lane = static_cast<int>(blockIdx.x % 4u) * 512 + static_cast<int>(threadIdx.x);
-  uint32_t* const kiln_pub = reinterpret_cast<uint32_t*>(kiln_smem + 256);
-  const int kiln_t = static_cast<int>(threadIdx.x);
-  unsigned char* const kiln_dsmem = kiln_cuda::dynamic_smem();
-  unsigned kiln_parity = 0;
-  for (idx_t kiln_u = blockIdx.x / 4u; kiln_u < n0; kiln_u += gridDim.x / 4u) {
-    const idx_t o0 = kiln_u;
-    if (kiln_vec) {
-      kiln_cuda::OnlineSoftmax<float> acc0;
-      kiln_cuda::Vec<float, 4>* const kiln_c0 = reinterpret_cast<kiln_cuda::Vec<float, 4>*>(kiln_dsmem + 0);
-      // phase 0
-#pragma unroll
-      for (int kiln_e = 0; kiln_e < 8; ++kiln_e) {
-        const idx_t kiln_rb = (static_cast<idx_t>(kiln_e) * 2048 + kiln_lane) * 4;
-        {
-          const idx_t r0 = kiln_rb;
-          kiln_cuda::cp_async<16>(&kiln_c0[kiln_e * 512 + kiln_t], b0 + (o0 * 65536 + r0));
-        }
-      }
-      kiln_cuda::cp_async_wait_all();
-#pragma unroll
-      for (int kiln_e = 0; kiln_e < 8; ++kiln_e) {
-        const idx_t kiln_rb = (static_cast<idx_t>(kiln_e) * 2048 + kiln_lane) * 4;
-        {
-          const idx_t r0 = kiln_rb;
-          const kiln_cuda::Vec<float, 4> kiln_lv0 = kiln_c0[kiln_e * 512 + kiln_t];
-          {
-            const idx_t kiln_r = kiln_rb + 0;
-            const idx_t r0 = kiln_r;
-            const float v0 = kiln_lv0.v[0];
-            acc0.max = kiln_cuda::max_nan(acc0.max, v0);
-          }
-          {
-            const idx_t kiln_r = kiln_rb + 1;
-            const idx_t r0 = kiln_r;
-            const float v1 = kiln_lv0.v[1];
-            acc0.max = kiln_cuda::max_nan(acc0.max, v1);
-          }
-          {
-            const idx_t kiln_r = kiln_rb + 2;
-            const idx_t r0 = kiln_r;
-            const float v2 = kiln_lv0.v[2];
-            acc0.max = kiln_cuda::max_nan(acc0.max, v2);
-          }
-          {
-            const idx_t kiln_r = kiln_rb + 3;
-            const idx_t r0 = kiln_r;
-            const float v3 = kiln_lv0.v[3];
-            acc0.max = kiln_cuda::max_nan(acc0.max, v3);
-          }
-        }
-      }
-      acc0.max = kiln_cuda::cluster_allreduce<16, 4>(acc0.max, kiln_cuda::MaxOp(), kiln_smem, kiln_pub, &kiln_parity);
-      {
-#pragma unroll 4
-        for (int kiln_e = 0; kiln_e < 8; ++kiln_e) {
-          kiln_cuda::Vec<float, 4> kiln_x = kiln_c0[kiln_e * 512 + kiln_t];
-          kiln_x.v[0] = kiln_cuda::exp(kiln_x.v[0] - acc0.max);
-          acc0.sum += kiln_x.v[0];
-          kiln_x.v[1] = kiln_cuda::exp(kiln_x.v[1] - acc0.max);
-          acc0.sum += kiln_x.v[1];
-          kiln_x.v[2] = kiln_cuda::exp(kiln_x.v[2] - acc0.max);
-          acc0.sum += kiln_x.v[2];
-          kiln_x.v[3] = kiln_cuda::exp(kiln_x.v[3] - acc0.max);
-          acc0.sum += kiln_x.v[3];
-          kiln_c0[kiln_e * 512 + kiln_t] = kiln_x;
-        }
-      }
-      acc0.sum = kiln_cuda::cluster_allreduce<16, 4>(acc0.sum, kiln_cuda::SumOp(), kiln_smem, kiln_pub, &kiln_parity);
-      if (acc0.max == -kiln_cuda::inf<float>()) acc0.sum = float(0);
-      // phase 1
-#pragma unroll
-      for (int kiln_e = 0; kiln_e < 8; ++kiln_e) {
-        const idx_t kiln_rb = (static_cast<idx_t>(kiln_e) * 2048 + kiln_lane) * 4;
-        {
-          const idx_t r0 = kiln_rb;
-          const kiln_cuda::Vec<float, 4> kiln_lv0 = kiln_c0[kiln_e * 512 + kiln_t];
-          kiln_cuda::Vec<float, 4> kiln_sv0;
-          {
-            const idx_t kiln_r = kiln_rb + 0;
-            const idx_t r0 = kiln_r;
-            const float v4 = kiln_lv0.v[0] * (float(1) / acc0.sum);
-            kiln_sv0.v[0] = v4;
-          }
-          {
-            const idx_t kiln_r = kiln_rb + 1;
-            const idx_t r0 = kiln_r;
-            const float v5 = kiln_lv0.v[1] * (float(1) / acc0.sum);
-            kiln_sv0.v[1] = v5;
-          }
-          {
-            const idx_t kiln_r = kiln_rb + 2;
-            const idx_t r0 = kiln_r;
-            const float v6 = kiln_lv0.v[2] * (float(1) / acc0.sum);
-            kiln_sv0.v[2] = v6;
-          }
-          {
-            const idx_t kiln_r = kiln_rb + 3;
-            const idx_t r0 = kiln_r;
-            const float v7 = kiln_lv0.v[3] * (float(1) / acc0.sum);
-            kiln_sv0.v[3] = v7;
-          }
-          kiln_cuda::store_vec<4>(b1 + (o0 * 65536 + r0), kiln_sv0);
-        }
-      }
-    }
-    else {
-      kiln_cuda::OnlineSoftmax<float> acc0;
-      float* const kiln_c0 = reinterpret_cast<float*>(kiln_dsmem + 0);
-      // phase 0
-#pragma unroll 4
-      for (int kiln_e = 0; kiln_e < 32; ++kiln_e) {
-        const idx_t kiln_rb = static_cast<idx_t>(kiln_e) * 2048 + kiln_lane;
-        const idx_t kiln_r = kiln_rb;
-        const idx_t r0 = kiln_r;
-        const float v8 = b0[o0 * 65536 + r0];
-        kiln_c0[kiln_e * 512 + kiln_t] = v8;
-        const float v9 = v8;
-        acc0.max = kiln_cuda::max_nan(acc0.max, v9);
-      }
-      acc0.max = kiln_cuda::cluster_allreduce<16, 4>(acc0.max, kiln_cuda::MaxOp(), kiln_smem, kiln_pub, &kiln_parity);
-      {
-#pragma unroll 4
-        for (int kiln_e = 0; kiln_e < 32; ++kiln_e) {
-          kiln_c0[kiln_e * 512 + kiln_t] = kiln_cuda::exp(kiln_c0[kiln_e * 512 + kiln_t] - acc0.max);
-          acc0.sum += kiln_c0[kiln_e * 512 + kiln_t];
-        }
-      }
-      acc0.sum = kiln_cuda::cluster_allreduce<16, 4>(acc0.sum, kiln_cuda::SumOp(), kiln_smem, kiln_pub, &kiln_parity);
-      if (acc0.max == -kiln_cuda::inf<float>()) acc0.sum = float(0);
-      // phase 1
-#pragma unroll 4
-      for (int kiln_e = 0; kiln_e < 32; ++kiln_e) {
-        const idx_t kiln_rb = static_cast<idx_t>(kiln_e) * 2048 + kiln_lane;
-        const idx_t kiln_r = kiln_rb;
-        const idx_t r0 = kiln_r;
-        const float v10 = kiln_c0[kiln_e * 512 + kiln_t] * (float(1) / acc0.sum);
-        b1[o0 * 65536 + r0] = v10;
-      }
-    }
-  }
-  kiln_cuda::cluster_sync();  // no block leaves while others may read its slots
-}
-extern "C" __global__ void __cluster_dims__(4, 1, 1) __launch_bounds__(512, 2) kiln_kernel_0(const float* __restrict__ b0, float* __restrict__ b1, int64_t n0) {
-  unsigned char* const kiln_smem = kiln_cuda::cluster_smem<320>();
-  if (65536.0 * static_cast<double>(n0) <= 2143289343.0) {
-    kiln_kernel_0_body<int32_t>(b0, b1, n0, kiln_smem);
-  }
-  else {
-    kiln_kernel_0_body<int64_t>(b0, b1, n0, kiln_smem);
-  }
-}
-)");
-}
-
 TEST(CudaEmitterGolden, LongRowsWithRowsEnoughAreCachedInSharedMemory) {
   // The vocabulary softmax (bf16, 50257 columns, rows unknown): one block of 512 per row, the row
   // as bf16 bit patterns in dynamic shared memory, slot-major (element (slot, thread) at
@@ -933,7 +759,7 @@ TEST(CudaEmitter, ClustersOnlyOnSm90AndForFewLongRowsOrRowsTooLongForABlock) {
   EXPECT_EQ(launch.max_grid, 264);
   EXPECT_EQ(Count(src, "#pragma unroll 4\n"), 4) << "two phases, vector and scalar paths" << src;
   // Forced into a cluster: 5 x 512 threads x 3 chunks of 8 values (3/4 of the usual 32: no
-  // spills at 64 registers), cached in each block's shared memory (3 x 8 x 512 bf16 patterns).
+  // spills at 64 registers).
   CudaEmitOptions clusters;
   clusters.include_prelude = false;
   clusters.long_rows = CudaLongRows::kCluster;
@@ -946,10 +772,7 @@ TEST(CudaEmitter, ClustersOnlyOnSm90AndForFewLongRowsOrRowsTooLongForABlock) {
   EXPECT_EQ(launch.layout, CudaLayout::kClusterRow);
   EXPECT_EQ(launch.cluster, 5);
   EXPECT_EQ(launch.vector_width, 8);
-  EXPECT_EQ(launch.cached_values, 0);
-  EXPECT_EQ(launch.shared_bytes, 3 * 8 * 512 * 2);
-  EXPECT_TRUE(absl::StrContains(src, "kiln_cuda::cp_async<16>(&kiln_c0[kiln_e * 512 + kiln_t], b0"))
-      << src;
+  EXPECT_EQ(launch.cached_values, 24);
   EXPECT_EQ(Count(src, "cluster_allreduce<16, 5>("), 3)
       << "max and sum (vector path); the uncached scalar path's online softmax";
   // Per kernel: the second of two copies forced to one block per row.
@@ -961,11 +784,7 @@ TEST(CudaEmitter, ClustersOnlyOnSm90AndForFewLongRowsOrRowsTooLongForABlock) {
   // Layer norm over 65536 columns (Welford in two passes over the cached row).
   src = EmitOne(kt::LayerNorm(65536, 1e-5f), true, &launch);
   EXPECT_EQ(launch.layout, CudaLayout::kClusterRow);
-  EXPECT_EQ(launch.cached_values, 0);
-  EXPECT_EQ(launch.shared_bytes, 65536);
-  EmitOne(kt::LayerNorm(65536, 1e-5f), true, &launch, true, /*cluster_shared_rows=*/false);
   EXPECT_EQ(launch.cached_values, 32);
-  EXPECT_EQ(launch.shared_bytes, 0);
   // 64 sums of 262144 columns: a split reduction over clusters of 5 blocks; 1 row: 8 blocks.
   src = EmitOne(kt::RowSum(64, 262144, false), true, &launch);
   EXPECT_EQ(launch.layout, CudaLayout::kClusterRow);

@@ -15,7 +15,6 @@
 #include <string>
 #include <vector>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/kiln_half.h"
@@ -344,9 +343,7 @@ std::vector<Case> SharedCases() {
   return c;
 }
 
-// kClusterShared: clusters whose cached rows (softmax, norms) are in each block's dynamic shared
-// memory, filled by cp.async; kCluster: clusters with no shared memory of their own.
-enum class Expect { kOneBlock, kCluster, kShared, kClusterShared };
+enum class Expect { kOneBlock, kCluster, kShared };
 
 void RunCases(std::vector<Case> cases, const CudaEmitOptions& options, Expect expect) {
   std::vector<Kernel> kernels;
@@ -413,19 +410,9 @@ void RunCases(std::vector<Case> cases, const CudaEmitOptions& options, Expect ex
     for (Storage& s : gpu_bufs) gp.push_back(s.ptr());
     for (Storage& s : cpu_bufs) cp.push_back(s.ptr());
     const CudaLaunch& launch = cuda->launches[i];
-    const bool cluster = expect == Expect::kCluster || expect == Expect::kClusterShared;
-    EXPECT_EQ(launch.layout == CudaLayout::kClusterRow, cluster) << c.name;
+    EXPECT_EQ(launch.layout == CudaLayout::kClusterRow, expect == Expect::kCluster) << c.name;
     EXPECT_EQ(launch.layout == CudaLayout::kSharedRow, expect == Expect::kShared) << c.name;
-    // Clusters cache every row with a recurring load (not the sums) in shared memory; the vector
-    // rows (softmax, norms) fill it with cp.async, the scalar ones (every_acc) as they load.
-    const bool cached_row = c.name.find("sum") == std::string::npos;
-    const bool vector_row = c.name.find("softmax") != std::string::npos ||
-                            c.name.find("norm") != std::string::npos;
-    const bool shared = expect == Expect::kShared || (expect == Expect::kClusterShared && cached_row);
-    EXPECT_EQ(launch.shared_bytes > 0, shared) << c.name;
-    if (expect == Expect::kClusterShared) {
-      EXPECT_EQ(absl::StrContains(cuda->kernel_sources[i], "kiln_cuda::cp_async<"), vector_row) << c.name;
-    }
+    EXPECT_EQ(launch.shared_bytes > 0, expect == Expect::kShared) << c.name;
     absl::StatusOr<int64_t> grid = CudaGridSize(launch, c.scalars);
     ASSERT_TRUE(grid.ok()) << grid.status();
     ASSERT_EQ(*grid % launch.cluster, 0);
@@ -455,16 +442,8 @@ TEST(CudaEmulation, GeneratedCudaKernelsMatchTheCpuKernels) {
   RunCases(Cases(), options, Expect::kOneBlock);
 }
 
-// Rows too long for a block cached in each block's shared memory (cp.async, the default).
 TEST(CudaEmulation, ClusterRowKernelsMatchTheCpuKernels) {
-  RunCases(ClusterCases(), ClusterOptions(), Expect::kClusterShared);
-}
-
-// The same rows cached in the cluster's registers.
-TEST(CudaEmulation, ClusterRowKernelsCachingInRegistersMatchTheCpuKernels) {
-  CudaEmitOptions options = ClusterOptions();
-  options.cluster_shared_rows = false;
-  RunCases(ClusterCases(), options, Expect::kCluster);
+  RunCases(ClusterCases(), ClusterOptions(), Expect::kCluster);
 }
 
 // The same rows, too long for one block's registers, as one uncached block per row (read twice,

@@ -94,13 +94,6 @@ absl::optional<SharedRowChoice> ChooseSharedRows(const ClusterRowFacts& facts,
   return c;
 }
 
-int64_t ClusterSharedBytes(const ClusterRowFacts& facts, int cluster, int block) {
-  const int64_t w = std::max(1, facts.vector_width);
-  const int64_t threads = int64_t{std::max(1, cluster)} * block;
-  const int64_t chunks = (facts.length + threads * w - 1) / (threads * w);
-  return facts.element_bytes * chunks * w * block;
-}
-
 bool ArchHasClusters(const std::string& arch) {
   if (arch.rfind("sm_", 0) != 0) return false;
   int number = 0;
@@ -132,34 +125,15 @@ absl::optional<ClusterRowChoice> ChooseClusterRows(const ClusterRowFacts& facts,
   }
   // Rows enough, and a row per SM fits the L2: one block per row, read twice.
   if (PreferUncachedRows(facts, limits)) return absl::nullopt;
-  // The shared-memory cache of a cluster of `cluster` blocks of `block` threads, when it fits.
-  const bool shared = limits.cluster_shared_rows && facts.element_bytes > 0 &&
-                      limits.shared_bytes_per_sm > 0 && limits.max_shared_bytes_per_block > 0;
-  auto with_shared = [&](ClusterRowChoice c) -> absl::optional<ClusterRowChoice> {
-    if (!shared) return absl::nullopt;
-    const int64_t bytes = ClusterSharedBytes(facts, c.cluster, c.block);
-    const int64_t per_block = bytes + limits.static_shared_bytes;
-    if (per_block > std::min(limits.max_shared_bytes_per_block, limits.cluster_shared_bytes_per_block)) {
-      return absl::nullopt;
-    }
-    c.shared_bytes = bytes;
-    return c;
-  };
   for (int block : {small, large}) {
     for (int cluster = 2; cluster <= limits.max_cluster; ++cluster) {
       if (fits(block, cluster)) {
-        const ClusterRowChoice c{std::max(cluster, ParallelBlocks(facts, block, limits)), block};
-        if (absl::optional<ClusterRowChoice> s = with_shared(c)) return s;
-        return c;
+        return ClusterRowChoice{std::max(cluster, ParallelBlocks(facts, block, limits)), block};
       }
     }
   }
-  // Too long for the cluster's registers: the smallest cluster whose blocks' shared memory holds
-  // it, else no cache, but still the cluster's parallelism.
+  // Too long for the cluster's registers: no cache, but still the cluster's parallelism.
   const int cluster = ParallelBlocks(facts, small, limits);
-  for (int c = std::max(2, cluster); c <= limits.max_cluster; ++c) {
-    if (absl::optional<ClusterRowChoice> s = with_shared(ClusterRowChoice{c, small})) return s;
-  }
   if (cluster < 2) return absl::nullopt;
   return ClusterRowChoice{cluster, small};
 }

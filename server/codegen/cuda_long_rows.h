@@ -36,14 +36,6 @@
 // filled by cp.async (fixtures, 2026-11-21): bf16 4096 x 50257 softmax 54.3% of copy at two
 // blocks per SM (41.8% at one, 32.7% as a cluster); at one block per SM f32 4096 x 50257 70.9%
 // (cluster 48.8%), bf16 65536 columns 59.3% (cluster 54.4%).
-//
-// Cluster rows cached in shared memory: a cluster whose row is too long for one block's registers
-// caches it in each block's dynamic shared memory (filled with cp.async, as a shared row) rather
-// than in the cluster's registers when each block's part of it fits (ClusterSharedBytes + the
-// static slots <= cluster_shared_bytes_per_block, ~200 KiB; one block per SM is fine): f32
-// 64 x 262144 is 8 blocks of 128 KiB. The shape is the registers' (their cluster and block) when
-// the registers would hold the row, else the smallest cluster (>= the parallelism's) of
-// min(512, max_row_block) threads whose part fits. cluster_shared_rows = false: registers only.
 
 #include <cstdint>
 #include <string>
@@ -93,11 +85,6 @@ struct ClusterRowLimits {
   // ~226 KiB at one block per SM on sm_90; 2: ~112 KiB; 0: never automatically).
   int shared_row_blocks_per_sm = 1;
   int shared_row_block = 512;  // threads per block (at most max_row_block)
-  // Cluster rows too long for one block's registers cached in each block's dynamic shared memory
-  // (see above) where a block's part plus static_shared_bytes fits this (and the arch's
-  // max_shared_bytes_per_block); false: the cluster's registers.
-  bool cluster_shared_rows = true;
-  int64_t cluster_shared_bytes_per_block = 200 * 1024;
 };
 
 // Shared memory of an arch: per SM and the most one block may have (opt-in), in bytes; zeros for
@@ -127,14 +114,7 @@ int64_t SharedRowBytes(const ClusterRowFacts& facts, int block);
 struct ClusterRowChoice {
   int cluster = 1;  // blocks per cluster, 2..max_cluster
   int block = 1;    // threads per block
-  int64_t shared_bytes = 0;  // > 0: the row cached in each block's dynamic shared memory (this
-                             // many bytes a block), 0: in the cluster's registers (or uncached)
 };
-
-// Bytes of dynamic shared memory a block of a cluster of `cluster` blocks of `block` threads needs
-// to cache its part of a row's recurring loads: slot (chunk * width + lane, thread in the block),
-// chunks = ceil(length / (cluster * block * width)).
-int64_t ClusterSharedBytes(const ClusterRowFacts& facts, int cluster, int block);
 
 // Whether `arch` ("sm_90", "sm_90a", "sm_100"...) has thread-block clusters (sm_90 and later).
 bool ArchHasClusters(const std::string& arch);
@@ -143,8 +123,7 @@ bool ArchHasClusters(const std::string& arch);
 // emitter caches (<= row_values per thread per load, rounded to vectors), and, for fewer rows
 // than SMs, enough for about two blocks per SM (with >= 8 values per thread). Blocks of
 // min(512, max_row_block) threads (two per SM at <= 64 registers), else max_row_block. nullopt:
-// one block per row (the kBlockPerRow layout). Rows too long for one block's registers take the
-// shared-memory cache where it fits (shared_bytes > 0, see above).
+// one block per row (the kBlockPerRow layout).
 absl::optional<ClusterRowChoice> ChooseClusterRows(const ClusterRowFacts& facts,
                                                    const ClusterRowLimits& limits);
 

@@ -64,62 +64,6 @@ TEST(ChooseClusterRows, FewLongRowsAreSplitForParallelism) {
   EXPECT_EQ(c->cluster, 8);
 }
 
-// Rows too long for one block's registers: each block's part of the row in its dynamic shared
-// memory when it fits (with the static slots) ~200 KiB, else the cluster's registers.
-TEST(ChooseClusterRows, LongRowsAreCachedInTheClustersSharedMemoryWhereItFits) {
-  ClusterRowLimits limits;
-  limits.static_shared_bytes = 320;
-  auto facts = [](int64_t length, absl::optional<int64_t> rows, int64_t element_bytes) {
-    ClusterRowFacts f = Facts(length, rows, 1, element_bytes == 2 ? 8 : 4);
-    f.element_bytes = element_bytes;
-    f.row_bytes = element_bytes * length;
-    return f;
-  };
-  // f32 64 x 262144: the registers' shape (8 x 1024), 128 KiB a block.
-  absl::optional<ClusterRowChoice> c = ChooseClusterRows(facts(262144, int64_t{64}, 4), limits);
-  ASSERT_TRUE(c);
-  EXPECT_EQ(c->cluster, 8);
-  EXPECT_EQ(c->block, 1024);
-  EXPECT_EQ(c->shared_bytes, 128 * 1024);
-  EXPECT_EQ(c->shared_bytes, ClusterSharedBytes(facts(262144, int64_t{64}, 4), 8, 1024));
-  // f32 65536: 4 x 512, 64 KiB a block.
-  c = ChooseClusterRows(facts(65536, int64_t{1024}, 4), limits);
-  ASSERT_TRUE(c);
-  EXPECT_EQ(c->cluster, 4);
-  EXPECT_EQ(c->block, 512);
-  EXPECT_EQ(c->shared_bytes, 64 * 1024);
-  // bf16 524288 (1 MiB, too long for the registers of any cluster): the smallest cluster of 512
-  // whose part fits, 6 blocks of 22 chunks of 8 (176 KiB).
-  c = ChooseClusterRows(facts(524288, absl::nullopt, 2), limits);
-  ASSERT_TRUE(c);
-  EXPECT_EQ(c->cluster, 6);
-  EXPECT_EQ(c->block, 512);
-  EXPECT_EQ(c->shared_bytes, 22 * 8 * 512 * 2);
-  // f32 524288 (2 MiB): no cluster's shared memory holds it either.
-  EXPECT_FALSE(ChooseClusterRows(facts(524288, absl::nullopt, 4), limits));
-  // Turned off, or a part too big for the cap: the registers.
-  ClusterRowLimits off = limits;
-  off.cluster_shared_rows = false;
-  c = ChooseClusterRows(facts(262144, int64_t{64}, 4), off);
-  ASSERT_TRUE(c);
-  EXPECT_EQ(c->cluster, 8);
-  EXPECT_EQ(c->shared_bytes, 0);
-  EXPECT_FALSE(ChooseClusterRows(facts(524288, absl::nullopt, 2), off));
-  ClusterRowLimits small = limits;
-  small.cluster_shared_bytes_per_block = 128 * 1024;  // + the 320 static bytes: over
-  c = ChooseClusterRows(facts(262144, int64_t{64}, 4), small);
-  ASSERT_TRUE(c);
-  EXPECT_EQ(c->shared_bytes, 0);
-  // No shared memory (an unknown arch), or nothing recurs: no shared cache.
-  ClusterRowLimits none = limits;
-  none.shared_bytes_per_sm = 0;
-  EXPECT_EQ(ChooseClusterRows(facts(262144, int64_t{64}, 4), none)->shared_bytes, 0);
-  ClusterRowFacts sums = facts(262144, int64_t{64}, 4);
-  sums.recurring_loads = 0;
-  sums.element_bytes = 0;
-  EXPECT_EQ(ChooseClusterRows(sums, limits)->shared_bytes, 0);
-}
-
 ClusterRowFacts WithBytes(ClusterRowFacts f, int64_t element_bytes) {
   f.row_bytes = element_bytes * f.length;
   return f;

@@ -159,12 +159,6 @@ std::vector<Fixture> Fixtures(bool small, const std::string& arch) {
       "softmax_bf16_50257", "softmax_50257",      "softmax_65536",       "softmax_bf16_65536",
       "log_softmax_131072", "softmax_262144",     "log_softmax_262144",  "softmax_bf16_262144",
       "layer_norm_bf16_50257"};
-  // <name>_clr: the cluster caching the row in its registers, for the shapes whose _cl caches it
-  // in each block's shared memory (filled by cp.async; sm_90: f32 262144 8 x 128 KiB, bf16
-  // 262144 8 x 64 KiB, f32 65536 4 x 64 KiB, f32 131072 8 x 64 KiB).
-  const std::set<std::string> cluster_registers = {"softmax_262144", "log_softmax_262144",
-                                                   "softmax_bf16_262144", "softmax_65536",
-                                                   "log_softmax_131072"};
   const std::map<std::string, int64_t> other_grid = {
       {"softmax_50257", 264}, {"softmax_65536", 264}, {"softmax_bf16_50257", 132},
       {"softmax_bf16_65536", 264}};  // H200: 132 SMs
@@ -178,12 +172,6 @@ std::vector<Fixture> Fixtures(bool small, const std::string& arch) {
     cl.long_rows = CudaLongRows::kCluster;
     f.push_back(l2);
     f.push_back(cl);
-    if (cluster_registers.count(base.name)) {
-      Fixture clr = base;
-      clr.name += "_clr";
-      clr.long_rows = CudaLongRows::kClusterRegisters;
-      f.push_back(clr);
-    }
     if (FitsSharedRows(base, arch)) {
       Fixture sm = base;
       sm.name += "_sm";

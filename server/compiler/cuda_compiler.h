@@ -32,7 +32,7 @@
 namespace kiln::compiler {
 
 // Bump when lowering, fusion, planning or launch rules change generated code or plans.
-inline constexpr char kCudaCompilerVersion[] = "kiln-cuda-compiler/9";  // 3: channels-last around convolutions; 4: shifted odd rows, split few-output reductions; 5: long rows uncached with pass 2 from L2; 6: channels-last through poolings; 7: long rows cached in shared memory; 8: shared rows filled with cp.async; 9: cluster rows cached in shared memory
+inline constexpr char kCudaCompilerVersion[] = "kiln-cuda-compiler/8";  // 3: channels-last around convolutions; 4: shifted odd rows, split few-output reductions; 5: long rows uncached with pass 2 from L2; 6: channels-last through poolings; 7: long rows cached in shared memory; 8: shared rows filled with cp.async
 
 struct CudaCompilerOptions {
   toolchain::NvrtcOptions nvrtc;  // library, worker, time and memory limits per compile
