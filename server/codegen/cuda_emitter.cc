@@ -469,26 +469,32 @@ class CudaKernelEmitter : public CpuKernelEmitter {
 
  private:
   // ---- vector plans ----
+  using Accesses = std::vector<std::pair<Buffer, Index>>;
+
+  // The unmasked loads and the stores of `stmts` whose index `keep` admits, and the vector width
+  // of 16 bytes of the widest element among them (at most 8 lanes; 0 when there are none).
+  template <typename Keep>
+  static int VectorCandidates(const std::vector<Stmt>& stmts, Keep keep, Accesses* loads, Accesses* stores) {
+    for (const ExprNode* l : LoadsOf(stmts)) {
+      if (l->args.empty() && keep(l->index)) loads->emplace_back(l->buffer, l->index);
+    }
+    for (const Stmt& s : stmts) {
+      if (s.kind == StmtKind::kStore && keep(s.index)) stores->emplace_back(s.buffer, s.index);
+    }
+    int widest = 0;
+    for (const Accesses* list : {loads, stores}) {
+      for (const auto& [b, i] : *list) widest = std::max(widest, kernel::ScalarTypeBytes(b.dtype));
+    }
+    return widest == 0 ? 0 : std::min(8, 16 / widest);
+  }
+
   VecPlan PlanVector(const std::vector<Stmt>& stmts, const Var& x) {
     VecPlan plan;
     if (!cuda_.vectorize) return plan;
-    std::vector<std::pair<Buffer, Index>> loads, stores;
-    for (const ExprNode* l : LoadsOf(stmts)) {
-      if (l->args.empty() && ConstStride(l->index, x) == absl::optional<int64_t>(1)) {
-        loads.emplace_back(l->buffer, l->index);
-      }
-    }
-    for (const Stmt& s : stmts) {
-      if (s.kind == StmtKind::kStore && ConstStride(s.index, x) == absl::optional<int64_t>(1)) {
-        stores.emplace_back(s.buffer, s.index);
-      }
-    }
-    int widest = 0;
-    for (const auto* list : {&loads, &stores}) {
-      for (const auto& [b, i] : *list) widest = std::max(widest, kernel::ScalarTypeBytes(b.dtype));
-    }
-    if (widest == 0) return plan;
-    const int width = std::min(8, 16 / widest);
+    Accesses loads, stores;
+    const int width = VectorCandidates(
+        stmts, [&](const Index& index) { return ConstStride(index, x) == absl::optional<int64_t>(1); }, &loads,
+        &stores);
     if (width <= 1) return plan;
     std::set<std::string> checks;
     auto admit = [&](const Buffer& b, const Index& index, std::map<std::string, VecAccess>* into,
@@ -533,26 +539,15 @@ class CudaKernelEmitter : public CpuKernelEmitter {
   VecPlan PlanShiftedVector(const std::vector<Stmt>& stmts, const Var& x) {
     VecPlan plan;
     if (!cuda_.vectorize) return plan;
-    std::vector<std::pair<Buffer, Index>> loads, stores;
-    auto candidate = [&](const Buffer& b, const Index& index) {
+    Accesses loads, stores;
+    auto candidate = [&](const Index& index) {
       if (ConstStride(index, x) != absl::optional<int64_t>(1) || !index.offset.AsConst()) return false;
       for (const IndexTerm& t : index.terms) {
         if (!t.stride.AsConst()) return false;
       }
       return true;
     };
-    for (const ExprNode* l : LoadsOf(stmts)) {
-      if (l->args.empty() && candidate(l->buffer, l->index)) loads.emplace_back(l->buffer, l->index);
-    }
-    for (const Stmt& s : stmts) {
-      if (s.kind == StmtKind::kStore && candidate(s.buffer, s.index)) stores.emplace_back(s.buffer, s.index);
-    }
-    int widest = 0;
-    for (const auto* list : {&loads, &stores}) {
-      for (const auto& [b, i] : *list) widest = std::max(widest, kernel::ScalarTypeBytes(b.dtype));
-    }
-    if (widest == 0) return plan;
-    const int width = std::min(8, 16 / widest);
+    const int width = VectorCandidates(stmts, candidate, &loads, &stores);
     if (width <= 1) return plan;
     const auto& [anchor_buffer, anchor_index] = loads.empty() ? stores.front() : loads.front();
     // The coefficient of every variable but x, and the offset, modulo the width.
@@ -1049,25 +1044,41 @@ class CudaKernelEmitter : public CpuKernelEmitter {
     }
   }
 
-  // Loads along the reduction that recur in a later phase (the row cache's arrays); with
-  // `element_bytes`, the bytes of one element of each of them, summed.
-  int RecurringLoads(int64_t* element_bytes = nullptr) const {
-    std::map<std::string, int> count, bytes;
-    for (const kernel::Phase& p : k_.phases) {
+  struct RowLoad {
+    int first_phase = 0;
+    int phases = 0;                  // phases that read it; > 1: it recurs (the row cache's arrays)
+    const ExprNode* node = nullptr;  // the last of its nodes
+  };
+
+  // The unmasked loads along the reduction, by AccessKey.
+  std::map<std::string, RowLoad> RowLoads() const {
+    std::map<std::string, RowLoad> loads;
+    for (size_t p = 0; p < k_.phases.size(); ++p) {
       std::set<std::string> here;
-      for (const ExprNode* l : LoadsOf(p.stmts)) {
+      for (const ExprNode* l : LoadsOf(k_.phases[p].stmts)) {
         if (!l->args.empty()) continue;
         bool uses_r = false;
         for (const IndexTerm& t : l->index.terms) uses_r |= t.var.kind == VarKind::kReduce;
+        if (!uses_r) continue;
         const std::string key = AccessKey(l->buffer, l->index);
-        if (uses_r && here.insert(key).second) ++count[key];
-        bytes[key] = kernel::ScalarTypeBytes(l->buffer.dtype);
+        if (!here.insert(key).second) continue;
+        auto [it, added] = loads.try_emplace(key);
+        if (added) it->second.first_phase = static_cast<int>(p);
+        ++it->second.phases;
+        it->second.node = l;
       }
     }
+    return loads;
+  }
+
+  // Loads along the reduction that recur in a later phase (the row cache's arrays); with
+  // `element_bytes`, the bytes of one element of each of them, summed.
+  int RecurringLoads(int64_t* element_bytes = nullptr) const {
     int n = 0;
-    for (const auto& [key, c] : count) {
-      n += c > 1;
-      if (c > 1 && element_bytes != nullptr) *element_bytes += bytes[key];
+    for (const auto& [key, l] : RowLoads()) {
+      if (l.phases < 2) continue;
+      ++n;
+      if (element_bytes != nullptr) *element_bytes += kernel::ScalarTypeBytes(l.node->buffer.dtype);
     }
     return n;
   }
@@ -1106,26 +1117,9 @@ class CudaKernelEmitter : public CpuKernelEmitter {
       // Shifted rows: chunks over [-kiln_sh, total), up to width - 1 elements more.
       chunks = (*total_c + (shifted_ ? width - 1 : 0) + int64_t{group_} * width - 1) /
                (int64_t{group_} * width);
-      std::map<std::string, int> first, count;
-      std::map<std::string, ScalarType> type;
-      std::map<std::string, const ExprNode*> node;
-      for (size_t p = 0; p < k_.phases.size(); ++p) {
-        std::set<std::string> here;
-        for (const ExprNode* l : LoadsOf(k_.phases[p].stmts)) {
-          if (!l->args.empty()) continue;
-          bool uses_r = false;
-          for (const IndexTerm& t : l->index.terms) uses_r |= t.var.kind == VarKind::kReduce;
-          if (!uses_r) continue;
-          const std::string key = AccessKey(l->buffer, l->index);
-          if (!here.insert(key).second) continue;
-          if (!first.count(key)) first[key] = static_cast<int>(p);
-          ++count[key];
-          type[key] = l->type;
-          node[key] = l;
-        }
-      }
+      const std::map<std::string, RowLoad> loads = RowLoads();
       int64_t values = 0;
-      for (const auto& [key, c] : count) values += c > 1 && !shared ? chunks * width : 0;
+      for (const auto& [key, l] : loads) values += l.phases > 1 && !shared ? chunks * width : 0;
       // At most half of the registers a thread of this block size may have.
       const int64_t limit = std::min<int64_t>(cuda_.max_cached_values, 65536 / launch_.block / 2);
       if (values > limit || !cache) values = 0;
@@ -1136,23 +1130,23 @@ class CudaKernelEmitter : public CpuKernelEmitter {
         // asynchronous copies before the load's first phase (EmitSharedFill).
         smem_vec_ = width > 1;
         int64_t offset = 0;
-        for (const auto& [key, c] : count) {
-          if (c < 2) continue;
-          CacheEntry e{absl::StrCat("kiln_c", cache_.size()), first[key], node[key]};
-          const std::string t = smem_vec_ ? absl::StrCat("kiln_cuda::Vec<", SmemType(type[key]), ", ",
-                                                         width, ">")
-                                          : SmemType(type[key]);
+        for (const auto& [key, l] : loads) {
+          if (l.phases < 2) continue;
+          const ScalarType type = l.node->type;
+          CacheEntry e{absl::StrCat("kiln_c", cache_.size()), l.first_phase, l.node};
+          const std::string t = smem_vec_ ? absl::StrCat("kiln_cuda::Vec<", SmemType(type), ", ", width, ">")
+                                          : SmemType(type);
           w_.Linef(t, "* const ", e.name, " = reinterpret_cast<", t, "*>(kiln_dsmem + ", offset, ");");
-          smem_arrays_[e.name] = type[key];
+          smem_arrays_[e.name] = type;
           cache_[key] = e;
-          offset += SmemBytes(type[key]) * chunks * width * group_;
+          offset += SmemBytes(type) * chunks * width * group_;
         }
         launch_.shared_bytes = std::max<int>(launch_.shared_bytes, static_cast<int>(offset));
       } else if (values > 0) {
-        for (const auto& [key, c] : count) {
-          if (c < 2) continue;
-          CacheEntry e{absl::StrCat("kiln_c", cache_.size()), first[key]};
-          w_.Linef(ValueType(type[key]), " ", e.name, "[", chunks * width, "];");
+        for (const auto& [key, l] : loads) {
+          if (l.phases < 2) continue;
+          CacheEntry e{absl::StrCat("kiln_c", cache_.size()), l.first_phase};
+          w_.Linef(ValueType(l.node->type), " ", e.name, "[", chunks * width, "];");
           cache_[key] = e;
         }
       }
