@@ -19,13 +19,13 @@ using graph::Node;
 using k::BinaryOp;
 using k::ScalarType;
 
-k::ExprOr InRange(const Affine& i, int64_t lo, int64_t hi) {  // lo <= i < hi
+}  // namespace
+
+k::ExprOr InRange(const Affine& i, int64_t lo, int64_t hi) {
   const k::ExprOr e = AffineExpr(i);
   return k::Binary(BinaryOp::kLogicalAnd, k::Binary(BinaryOp::kGe, e, k::ConstInt(ScalarType::kInt64, lo)),
                    k::Binary(BinaryOp::kLt, e, k::ConstInt(ScalarType::kInt64, hi)));
 }
-
-}  // namespace
 
 absl::StatusOr<bool> DefineIndexed(Lowerer& l, const Node& n, LValue& v) {
   const std::string& name = n.op->schema.name;

@@ -129,6 +129,8 @@ absl::Status SplitFewOutputReduction(Lowerer& l, RowBuilder& b);
 // Each returns UNIMPLEMENTED for an op (or variant/dtype) it does not lower; nothing is added then.
 absl::Status LowerPointwiseNode(Lowerer& l, int32_t node);
 absl::Status LowerRowNode(Lowerer& l, int32_t node);
+// lo <= i < hi, as a bool expression (the mask of reads that may fall outside a value).
+k::ExprOr InRange(const Affine& i, int64_t lo, int64_t hi);
 // Position-dependent ops (lower_indexed.cc): sets v's elem/inputs and returns true, or returns
 // false for any other op.
 absl::StatusOr<bool> DefineIndexed(Lowerer& l, const graph::Node& n, LValue& v);

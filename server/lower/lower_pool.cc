@@ -85,18 +85,14 @@ absl::Status LowerMaxPool2d(Lowerer& l, int32_t node_index) {
       for (int64_t j = 0; j < kernel[1]; ++j) {
         const Affine h = AffAdd(AffScale(idx[2], stride[0]), AffConst(i * dil[0] - pad[0]));
         const Affine w = AffAdd(AffScale(idx[3], stride[1]), AffConst(j * dil[1] - pad[1]));
-        const ExprOr he = AffineExpr(h), we = AffineExpr(w);
-        const ExprOr inside = k::Binary(
-            BinaryOp::kLogicalAnd,
-            k::Binary(BinaryOp::kLogicalAnd, k::Binary(BinaryOp::kGe, he, I64(0)), k::Binary(BinaryOp::kLt, he, I64(height))),
-            k::Binary(BinaryOp::kLogicalAnd, k::Binary(BinaryOp::kGe, we, I64(0)), k::Binary(BinaryOp::kLt, we, I64(width))));
+        const ExprOr inside = k::Binary(BinaryOp::kLogicalAnd, InRange(h, 0, height), InRange(w, 0, width));
         ExprOr v = ctx.LoadMasked(x, {idx[0], idx[1], h, w}, inside);
         if (v.ok() && k::IsHalfType((*v)->type)) v = k::Cast(ScalarType::kFloat32, v);
         v = k::Cast(ct, v);
         ExprOr take = k::Binary(BinaryOp::kLogicalOr, k::Binary(BinaryOp::kGt, v, best), k::Unary(k::UnaryOp::kIsNan, v));
         if (want_index) take = k::Binary(BinaryOp::kLogicalOr, take, k::Binary(BinaryOp::kLt, best_at, I64(0)));
         take = k::Binary(BinaryOp::kLogicalAnd, inside, take);
-        if (want_index) best_at = k::Select(take, k::Add(k::Mul(he, I64(width)), we), best_at);
+        if (want_index) best_at = k::Select(take, k::Add(k::Mul(AffineExpr(h), I64(width)), AffineExpr(w)), best_at);
         best = k::Select(take, v, best);
       }
     }
