@@ -59,6 +59,26 @@ TEST(SubprocessTest, FindsProgramsAndRefusesUnknown) {
             absl::StatusCode::kInvalidArgument);
 }
 
+TEST(SubprocessTest, AProcessSeenFinishedAfterItsDeadlineTimedOut) {
+  // /bin/true is quick, but with no time at all it is only ever seen after the deadline: the
+  // limit must not depend on how soon this thread is scheduled again.
+  char dir[] = "/tmp/kiln-subprocess-test.XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  ProcessOptions options;
+  options.output_path = std::string(dir) + "/out";
+  options.timeout = absl::ZeroDuration();
+  absl::StatusOr<ProcessResult> r = RunProcess({"/bin/true"}, options);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->timed_out);
+  EXPECT_FALSE(r->ok());
+  options.timeout = absl::Seconds(30);
+  r = RunProcess({"/bin/true"}, options);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->ok());
+  unlink(options.output_path.c_str());
+  rmdir(dir);
+}
+
 TEST_F(CompilerTest, IdentityIsTheFirstVersionLine) {
   absl::StatusOr<std::string> id = CompilerIdentity("g++");
   ASSERT_TRUE(id.ok()) << id.status();

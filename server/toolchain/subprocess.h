@@ -5,7 +5,8 @@
 // The child gets its own process group, the working directory `cwd`, stdin from /dev/null,
 // stdout and stderr into `output_path`, exactly the environment `env`, every other descriptor
 // closed, and RLIMIT_AS = `memory_bytes` (inherited by what it starts, e.g. cc1plus). After
-// `timeout` the whole process group is killed with SIGKILL. Safe to call from many threads of a
+// `timeout` the whole process group is killed with SIGKILL; a process first seen finished after
+// the deadline also counts as timed out (the limit is strict, not best effort). Safe to call from many threads of a
 // multi-threaded server: between fork and exec the child only makes async-signal-safe calls.
 // Errors: INVALID_ARGUMENT for an empty argv or a program not found on PATH, INTERNAL when the
 // process cannot be started. A program that fails or is killed is not an error: see the result.
