@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/flags/internal/program_name.h"
 #include "absl/flags/internal/usage.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
@@ -225,6 +226,8 @@ int Run(int argc, char** argv) {
   usage_config.contains_helpshort_flags = IsKilnFlagFile;
   usage_config.version_string = VersionString;
   absl::SetFlagsUsageConfig(usage_config);
+  // Help opens with the program's name, which ParseCommandLine would set only later.
+  absl::flags_internal::SetProgramInvocationName(argc > 0 ? argv[0] : "kilnd");
   // Abseil 20220623 exits 1 after --help; kilnd answers help itself, on stdout, and exits 0.
   for (int i = 1; i < argc; ++i) {
     absl::string_view arg = argv[i];

@@ -99,6 +99,8 @@ TEST(KilndTest, HelpExitsZeroAndExplainsTheFlags) {
   EXPECT_THAT(result->stderr_text, HasSubstr("--cache_dir"));
   EXPECT_THAT(result->stderr_text, HasSubstr("--shutdown_grace_period"));
   EXPECT_THAT(result->stderr_text, HasSubstr("SIGTERM"));
+  EXPECT_THAT(result->stderr_text, HasSubstr("kilnd: the kiln compile server"));
+  EXPECT_THAT(result->stderr_text, Not(HasSubstr("UNKNOWN")));
 }
 
 TEST(KilndTest, ReportsServingOverTheHealthServiceOnTcpAndUnix) {
