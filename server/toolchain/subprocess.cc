@@ -1,6 +1,7 @@
 #include "server/toolchain/subprocess.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -97,7 +98,14 @@ absl::StatusOr<ProcessResult> RunProcess(const std::vector<std::string>& argv,
 
   ProcessResult result;
   const absl::Time deadline = start + options.timeout;
-  absl::Duration poll = absl::Milliseconds(1);
+  // The wait wakes when the child exits: on its pidfd (Linux >= 5.3), else by polling waitpid
+  // every 2 ms at most. (A 20 ms poll cap cost a 35-70 ms compile 10 ms on average.)
+#ifdef SYS_pidfd_open
+  const int pidfd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
+#else
+  const int pidfd = -1;
+#endif
+  absl::Duration backoff = absl::Microseconds(250);
   int status = 0;
   for (;;) {
     const pid_t r = waitpid(pid, &status, WNOHANG);
@@ -109,9 +117,11 @@ absl::StatusOr<ProcessResult> RunProcess(const std::vector<std::string>& argv,
     }
     if (r < 0 && errno != EINTR) {
       kill(-pid, SIGKILL);
+      if (pidfd >= 0) close(pidfd);
       return absl::InternalError(absl::StrCat("waitpid failed: ", std::strerror(errno)));
     }
-    if (absl::Now() >= deadline) {
+    const absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) {
       result.timed_out = true;
       kill(-pid, SIGKILL);
       kill(pid, SIGKILL);
@@ -119,9 +129,16 @@ absl::StatusOr<ProcessResult> RunProcess(const std::vector<std::string>& argv,
       }
       break;
     }
-    absl::SleepFor(poll);
-    poll = std::min(poll * 2, absl::Milliseconds(20));
+    if (pidfd >= 0) {
+      pollfd p = {pidfd, POLLIN, 0};
+      const int64_t ms = std::clamp<int64_t>(absl::ToInt64Milliseconds(left) + 1, 1, 1000);
+      poll(&p, 1, static_cast<int>(ms));  // EINTR or a timeout: the loop looks again
+    } else {
+      absl::SleepFor(std::min(backoff, left));
+      backoff = std::min(backoff * 2, absl::Milliseconds(2));
+    }
   }
+  if (pidfd >= 0) close(pidfd);
   result.elapsed = absl::Now() - start;
   if (WIFEXITED(status)) result.exit_code = WEXITSTATUS(status);
   if (WIFSIGNALED(status)) result.term_signal = WTERMSIG(status);
