@@ -7,10 +7,11 @@
 // CompileSharedObject(source, options): writes the source into a fresh 0700 directory, runs
 //   <compiler> -std=c++17 -O3 -fPIC -shared -fopenmp -fno-math-errno -fno-trapping-math -fwrapv
 //   -fvisibility=hidden [-march=<isa>] [-mprefer-vector-width=512 on x86] (never -ffast-math:
-//   NaN semantics must hold; clang gets -fopenmp-simd until libomp is installed), for g++
-//   linked with -nodefaultlibs and only
-//   -lgomp -lm -lc -lgcc (after the source), with TMPDIR pointing into that directory, reads
-//   the .so back as bytes and removes the directory. Errors:
+//   NaN semantics must hold; clang gets -fopenmp-simd until libomp is installed), with TMPDIR
+//   pointing into that directory, reads the .so back as bytes and removes the directory. g++
+//   compiles to an object file (-c) that its `ld` links with libgomp alone (-z defs); a kernel
+//   that calls into libc, libm or libgcc fails that link and is linked again by the driver with
+//   -nodefaultlibs -lgomp -lm -lc -lgcc (clang: one driver process compiles and links). Errors:
 //     INVALID_ARGUMENT   a bad -march value ("native", or not [a-z0-9.+-]+) or unknown compiler;
 //     DEADLINE_EXCEEDED  the compile ran past `timeout` (its process group is killed);
 //     RESOURCE_EXHAUSTED the compiler ran out of memory under `memory_limit_bytes`;
@@ -53,6 +54,7 @@ struct CompiledBinary {
   std::string log;          // the compiler's stdout+stderr (warnings), truncated
   std::string compiler_id;  // CompilerIdentity()
   std::vector<std::string> flags;  // CompileFlags()
+  bool direct_link = false;  // linked by `ld` with libgomp alone, not through the driver
   CompileTimings timings;
 };
 

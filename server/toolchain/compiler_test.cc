@@ -1,9 +1,11 @@
 #include "server/toolchain/compiler.h"
 
 #include <dirent.h>
+#include <dlfcn.h>
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <fstream>
 #include <iostream>
 #include <string>
 #include <thread>
@@ -147,6 +149,40 @@ TEST_F(CompilerTest, PreludeIsPrecompiledOnceAndUsedByEveryPart) {
   ASSERT_TRUE(pasted.ok()) << pasted.status();
   EXPECT_TRUE(absl::StrContains(pasted->bytes, "kiln_p2"));
   EXPECT_EQ(EntriesInRoot(), 1);
+}
+
+// g++ kernels are linked by `ld` with libgomp alone; one that calls into libm fails that link
+// (-z defs) and is linked again by the driver. Both load and run.
+TEST_F(CompilerTest, KernelsLinkWithLibgompAloneUnlessTheyCallLibm) {
+  const std::string parallel =
+      "extern \"C\" __attribute__((visibility(\"default\"))) double kiln_f(double x) {\n  double s = 0;\n#pragma omp parallel for reduction(+:s)\n"
+      "  for (int i = 0; i < 1000; ++i) s += x;\n  return s;\n}\n";
+  const std::string libm =
+      "extern \"C\" __attribute__((visibility(\"default\"))) double kiln_f(double x) { return __builtin_fmod(x, 0.75) + __builtin_pow(x, x); }\n";
+  struct Case {
+    const std::string& source;
+    bool direct;
+    double want;
+  };
+  for (const Case& c : {Case{parallel, true, 2000.0}, Case{libm, false, 4.5}}) {
+    absl::StatusOr<CompiledBinary> b = CompileSharedObject(c.source, options_);
+    ASSERT_TRUE(b.ok()) << b.status();
+    EXPECT_EQ(b->direct_link, c.direct) << c.source;
+    EXPECT_FALSE(absl::StrContains(b->log, "undefined reference")) << b->log;
+    const std::string path = absl::StrCat(root_, "/k", c.direct, ".so");  // dlopen knows a path once
+    {
+      std::ofstream f(path, std::ios::binary);
+      f.write(b->bytes.data(), static_cast<std::streamsize>(b->bytes.size()));
+    }
+    void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    ASSERT_NE(handle, nullptr) << dlerror();
+    auto* f = reinterpret_cast<double (*)(double)>(dlsym(handle, "kiln_f"));
+    ASSERT_NE(f, nullptr);
+    EXPECT_DOUBLE_EQ(f(2.0), c.want) << c.source;
+    // No dlclose: it would unload libgomp (this test links none) under its idle worker threads.
+    unlink(path.c_str());
+  }
+  EXPECT_EQ(EntriesInRoot(), 0);
 }
 
 TEST_F(CompilerTest, ClangCompilesToo) {
