@@ -275,3 +275,34 @@ def test_dynamic_shapes_one_graph_for_several_batch_sizes(server, tmp_path):
     s = kiln.stats()
     assert s["graph_fallbacks"] == 0 and s["hits"] == s["graphs"] and s["eager_calls"] == 0
     assert s["plan_calls"] >= 6 and s["requests"] == s["graphs"]  # no new graph per batch size
+
+
+def test_kernels_read_views_of_aten_results_without_a_tensor_per_call(server, monkeypatch):
+    # The GEMMs run as torch steps on CPU; the kernels read slices of their results (and of an
+    # input at an offset) through pointers (executor._view_pointer): no as_strided per call.
+    def fn(x, w, v):
+        h = x @ w
+        return (h[:, 2:] * 2 + v[1:, 3:]).relu(), (h[1:, :4] - 1).exp()
+
+    monkeypatch.setenv("KILN_SERVER", server.address)
+    args = [torch.randn(6, 8), torch.randn(8, 10), torch.randn(7, 11)]
+    compiled = torch.compile(fn, backend="kiln")
+    want = fn(*args)
+    got = compiled(*args)
+    calls = []
+    original = torch.Tensor.as_strided
+
+    def counting(self, *a, **kw):
+        calls.append(a)
+        return original(self, *a, **kw)
+
+    monkeypatch.setattr(torch.Tensor, "as_strided", counting)
+    args2 = [torch.randn(6, 8), torch.randn(8, 10), torch.randn(7, 11)]
+    got2 = compiled(*args2)
+    monkeypatch.setattr(torch.Tensor, "as_strided", original)
+    for g, w_ in zip(got, want):
+        torch.testing.assert_close(g, w_)
+    for g, w_ in zip(got2, fn(*args2)):
+        torch.testing.assert_close(g, w_)
+    assert kiln.stats()["plan_calls"] >= 2 and kiln.stats()["graph_fallbacks"] == 0
+    assert calls == [], f"{len(calls)} views made per call"

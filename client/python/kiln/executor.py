@@ -296,6 +296,12 @@ class PlanExecutor:
             if not 0 <= a < len(self.values):
                 raise PlanError(f"{where}: argument v{a} does not exist")
             self._kernel_consumers.add(a)
+            seen = 0  # the roots of views read by kernels too: _view_pointer reads their pointers
+            while self.values[a].storage == _PV.STORAGE_VIEW and seen < len(self.values):
+                a, seen = self.values[a].index, seen + 1
+                if not 0 <= a < len(self.values):
+                    break
+                self._kernel_consumers.add(a)
         for s in step.scalar_args:
             if not 0 <= s < len(self.graph.symbols):
                 raise PlanError(f"{where}: scalar argument {s} is not a symbol of the graph")
@@ -483,6 +489,8 @@ def _current_stream(device):
 _MAX_PROGRAMS = 64  # programs kept per plan (one per device for static plans)
 _Tensor = torch.Tensor
 _data_ptr = torch.Tensor.data_ptr
+# The storages a view's pointer may be computed from (_Program._view_pointer).
+_VIEW_POINTER_ROOTS = (_PV.STORAGE_INPUT, _PV.STORAGE_OUTPUT, _PV.STORAGE_CONSTANT, _PV.STORAGE_STEP)
 _IS_CUDA = operator.attrgetter("is_cuda")
 _TENSORS = itertools.repeat(torch.Tensor)  # isinstance's second argument, for map()
 _OpOverload = getattr(torch._ops, "OpOverload", None)
@@ -839,32 +847,67 @@ class _Program:
             self._ws_allocated = True
         return element * size
 
+    def _view_pointer(self, i):
+        """(root, byte offset) when a kernel may take view i's pointer as its root's data_ptr() plus
+        that offset, with no tensor made per call (what `as_strided` would give, without making
+        it): i is a chain of views, every link with its metadata, non-negative offsets and strides
+        and elements, down to an input, output, constant or aten result (a workspace root is
+        _pointer's), and its elements lie inside its root's. Emits the root's instructions.
+        Else None."""
+        ex, values = self.ex, self.ex.values
+        chain, j, element = [], i, 0
+        while values[j].storage == _PV.STORAGE_VIEW and len(chain) < len(values):
+            chain.append(j)
+            element += values[j].offset
+            j = values[j].index
+            if not 0 <= j < len(values):
+                return None
+        if not chain or values[j].storage not in _VIEW_POINTER_ROOTS:
+            return None
+        metas = [self.metas[k] for k in (j, *chain)]
+        if any(isinstance(m, Exception) or not all(m[0]) or any(st < 0 for st in m[1]) for m in metas):
+            return None
+        if any(values[k].offset < 0 for k in chain):
+            return None
+        root_extent = sum((sz - 1) * st for sz, st in zip(*metas[0])) + 1
+        extent = sum((sz - 1) * st for sz, st in zip(*metas[1])) + 1
+        if element + extent > root_extent:
+            return None
+        self._need(j)
+        return (j, element * _itemsize(ex._dtypes[j]))
+
     def _buffer_fill(self, args, offsets):
         """env -> the data pointers of `args` (a sequence of ints, in order): env[WSPTR] + offset
-        where `offsets` has one (workspace values, see _pointer; at least one has), else the
-        value's tensor's data_ptr(); a None or non-tensor among those raises what explains it."""
+        where `offsets` has an int (workspace values, see _pointer), env[root].data_ptr() + offset
+        where it has (root, offset) (views, see _view_pointer), else the value's tensor's
+        data_ptr() (at least one is not a tensor's); a None or non-tensor among those raises what
+        explains it."""
         tensor_args = [a for a, off in zip(args, offsets) if off is None]
-        offs = tuple(off for off in offsets if off is not None)
+        roots = [off[0] for off in offsets if isinstance(off, tuple)]
+        root_offs = tuple(off[1] for off in offsets if isinstance(off, tuple))
+        offs = tuple(off for off in offsets if isinstance(off, int))
         WSPTR = self.WSPTR
-        if not tensor_args:
+        if not tensor_args and not roots:
             return lambda env: list(map(env[WSPTR].__add__, offs))
-        get, explain = self._pointer_filler(tensor_args)
-        order, t, w = [], 0, len(tensor_args)
+        get, explain = self._pointer_filler(tensor_args + roots)
+        order, counts = [], [0, len(tensor_args), len(tensor_args) + len(roots)]
         for off in offsets:
-            if off is None:
-                order.append(t)
-                t += 1
-            else:
-                order.append(w)
-                w += 1
-        arrange = operator.itemgetter(*order)  # tensors' pointers + workspace pointers -> in order
+            kind = 0 if off is None else 1 if isinstance(off, tuple) else 2
+            order.append(counts[kind])
+            counts[kind] += 1
+        arrange = operator.itemgetter(*order)  # tensors', roots' + offsets, workspace pointers -> in order
+        t = len(tensor_args)
+        add = operator.add
 
         def fill(env):
             try:
                 ptrs = list(map(_data_ptr, get(env)))
             except TypeError as e:
                 explain(env, e)
-            ptrs += map(env[WSPTR].__add__, offs)
+            if root_offs:
+                ptrs[t:] = map(add, ptrs[t:], root_offs)
+            if offs:
+                ptrs += map(env[WSPTR].__add__, offs)
             return arrange(ptrs)
 
         return fill
@@ -1065,6 +1108,8 @@ class _Program:
         for module, kernel, step_args, scalars in batch:
             for a in step_args:
                 off = self._pointer(a)
+                if off is None:
+                    off = self._view_pointer(a)
                 if off is None:
                     self._need(a)
                 offsets.append(off)
