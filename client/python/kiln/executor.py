@@ -876,6 +876,18 @@ class _Program:
         self._need(j)
         return (j, element * _itemsize(ex._dtypes[j]))
 
+    def _view_tensor(self, i, root, byte_offset):
+        """The instruction that gives view i its tensor straight from its root (what the chain of
+        views would give), for a value otherwise read by pointer (_view_pointer)."""
+        sizes, strides = self.metas[i]
+        element = byte_offset // _itemsize(self.ex._dtypes[root])
+
+        def instruction(env):
+            r = env[root]
+            env[i] = r.as_strided(sizes, strides, r.storage_offset() + element)
+
+        return instruction
+
     def _buffer_fill(self, args, offsets):
         """env -> the data pointers of `args` (a sequence of ints, in order): env[WSPTR] + offset
         where `offsets` has an int (workspace values, see _pointer), env[root].data_ptr() + offset
@@ -1161,6 +1173,10 @@ class _Program:
             for a in spec.args:
                 off = self._pointer(a, cuda=True)  # on the device: no per-call check
                 if off is None:
+                    off = self._view_pointer(a)
+                    if off is not None and off[0] not in check and not self._on_device(off[0]):
+                        check.append(off[0])  # the root is what is checked then
+                if off is None:
                     self._need(a)
                     if a not in check and not self._on_device(a):
                         check.append(a)
@@ -1183,6 +1199,7 @@ class _Program:
         for spec in batch:
             for a in spec.args:
                 symbols.setdefault(a, spec.symbol)
+                symbols.setdefault(self.ex._root[a], spec.symbol)
         on_cuda = _getter(check) if check else None
 
         def off_device(env):
@@ -1259,10 +1276,14 @@ class _Program:
         pointers = []
         for v in operands:
             off = self._pointer(v, cuda=True)
+            if off is not None:
+                materialize.append(self._ws_tensor(v))
+            elif self.ex.values[self.ex._root[v]].storage != _PV.STORAGE_STEP:
+                off = self._view_pointer(v)  # e.g. a transposed weight: its input's pointer
+                if off is not None:
+                    materialize.append(self._view_tensor(v, *off))
             if off is None:
                 self._need(v)
-            else:
-                materialize.append(self._ws_tensor(v))
             pointers.append(off)
         ws = args[4]
         if ws >= 0:
@@ -1282,9 +1303,14 @@ class _Program:
         b, TABLES, STREAM = len(self.table_builders), self.TABLES, self.STREAM
         self.table_builders.append(lambda: runtime.gemm_call(index, params, alpha, beta))
         slots = [0, 1, 2] + ([3] if len(views) == 4 else []) + ([4] if ws >= 0 else [])
-        tensor_slots = tuple(s for s, off in zip(slots, pointers) if off is None)
-        get = _getter([v for v, off in zip(operands, pointers) if off is None]) if tensor_slots else None
-        ws_slots = tuple((s, off) for s, off in zip(slots, pointers) if off is not None)
+        # Per call: the tensors' pointers (operands, and roots of views read by pointer, plus
+        # their offsets: _view_pointer), then the workspace's.
+        tensor_slots = tuple((s, 0) for s, off in zip(slots, pointers) if off is None)
+        tensor_slots += tuple((s, off[1]) for s, off in zip(slots, pointers) if isinstance(off, tuple))
+        tensor_values = [v for v, off in zip(operands, pointers) if off is None]
+        tensor_values += [off[0] for off in pointers if isinstance(off, tuple)]
+        get = _getter(tensor_values) if tensor_slots else None
+        ws_slots = tuple((s, off) for s, off in zip(slots, pointers) if isinstance(off, int))
         WSPTR = self.WSPTR
 
         def instruction(env):
@@ -1294,8 +1320,8 @@ class _Program:
                 tensors = get(env)
                 if not all(map(_IS_CUDA, tensors)):
                     raise PlanError(f"{where}: an operand is not on {device}")
-                for slot, t in zip(tensor_slots, tensors):
-                    buffers[slot] = t.data_ptr()
+                for (slot, off), t in zip(tensor_slots, tensors):
+                    buffers[slot] = t.data_ptr() + off
             if ws_slots:
                 ws = env[WSPTR]
                 for slot, off in ws_slots:

@@ -261,6 +261,63 @@ def test_workspace_values_reach_kernels_and_gemms_as_pointers(no_device_guard, m
             program([torch.randn(4, 8), torch.randn(8, 3), torch.randn(3, 5)])
 
 
+@pytest.mark.parametrize("unsupported", [False, True])
+def test_views_of_inputs_and_step_results_reach_kernels_and_gemms_as_pointers(no_device_guard, monkeypatch,
+                                                                             unsupported):
+    """out = x @ wt where wt is a transposed view of input w (cuBLASLt gets w's pointer); a kernel
+    reads a row of x (a view 8 floats in) and a slice of an aten result (neg of x, 4 floats in):
+    each gets its root's pointer plus the offset, and no view is made per call (where cuBLASLt
+    has no algorithm, the torch fallback makes wt's tensor). A root on another device is named."""
+    plan = proto.Plan(num_inputs=2)
+    x, w = value(plan, [4, 8], PV.STORAGE_INPUT, 0), value(plan, [3, 8], PV.STORAGE_INPUT, 1)
+    wt = plan.values.add(storage=PV.STORAGE_VIEW, index=w, offset=0)
+    wt.meta.CopyFrom(meta([8, 3]))
+    wt.meta.strides[0].constant, wt.meta.strides[1].constant = 1, 8
+    wt = len(plan.values) - 1
+    out = value(plan, [4, 3], PV.STORAGE_OUTPUT)
+    row = value(plan, [8], PV.STORAGE_VIEW, index=x, offset=8)
+    neg = value(plan, [4, 8], PV.STORAGE_STEP)
+    part = value(plan, [4], PV.STORAGE_VIEW, index=neg, offset=4)
+    out2 = value(plan, [8], PV.STORAGE_OUTPUT)
+    lib = plan.steps.add().library
+    lib.function = "cublasLt.matmul"
+    lib.args[:] = [out, x, wt, -1, -1]
+    lib.int_params[:] = [1, 4, 3, 8, proto.DTYPE_FLOAT32, 0, 8, 1, 0, 1, 8, 0, 3, 0, 0, 0, 0, 0]
+    lib.float_params[:] = [1.0, 0.0]
+    step = plan.steps.add().aten
+    step.target = "aten.neg.default"
+    step.args.add(node=f"v{x}")
+    step.outputs.append(neg)
+    kernel(plan, 0, "kiln_kernel_0", [row, part, out2])
+    plan.outputs.extend([out, out2])
+    rt = FakeGemmRuntime()
+    rt.unsupported = unsupported
+    ex = PlanExecutor(artifact_of(plan), proto.Graph(), runtime_loader=lambda: rt)
+    monkeypatch.setattr(executor._Program, "_device_of", lambda self, i: torch.device("cpu"))
+    monkeypatch.setattr(executor, "_IS_CUDA", lambda t: True)
+    monkeypatch.setattr(executor, "_current_stream", lambda device: 7)
+    program = executor._Program(ex, torch.device("cuda", 2), {})
+    strided = []
+    original = torch.Tensor.as_strided
+    monkeypatch.setattr(torch.Tensor, "as_strided", lambda t, *a: strided.append(a) or original(t, *a))
+    for _ in range(2):
+        args = [torch.randn(4, 8), torch.randn(3, 8)]
+        got, got2 = program(args)
+        (g,) = rt.gemm_runs[-1:]
+        ((_, _, _, _, _, buffers, _),), _ = rt.runs[-1]
+        assert g[:3] == [got.data_ptr(), args[0].data_ptr(), args[1].data_ptr()]
+        assert buffers[0] == args[0].data_ptr() + 8 * 4
+        assert buffers[2] == got2.data_ptr() and buffers[1] not in (args[0].data_ptr(), got.data_ptr())
+        if unsupported:
+            torch.testing.assert_close(got, args[0] @ args[1].t())
+    if not unsupported:  # (torch's GEMMs make views of their own)
+        assert strided == []
+    monkeypatch.setattr(executor, "_IS_CUDA", lambda t: t.shape != (4, 8) or t.data_ptr() != args[0].data_ptr())
+    args = [torch.randn(4, 8), torch.randn(3, 8)]
+    with pytest.raises(PlanError, match="is not on cuda:2|argument v0 is on cpu"):
+        program(args)
+
+
 def test_binaries_load_at_plan_load_when_the_device_is_known(no_device_guard):
     rt = FakeRuntime()
     PlanExecutor(artifact_of(two_binary_plan()), proto.Graph(), runtime_loader=lambda: rt,
