@@ -81,6 +81,20 @@ bool LooksOutOfMemory(const std::string& log) {
          absl::StrContains(log, "cannot allocate");
 }
 
+// `<program> <question>` (e.g. --version), run in a private directory: its output, trimmed.
+absl::StatusOr<std::string> AskDriver(const std::string& program, const std::string& question) {
+  KILN_ASSIGN_OR_RETURN(TempDir dir, TempDir::Make(""));
+  ProcessOptions po;
+  po.cwd = dir.path();
+  po.output_path = absl::StrCat(dir.path(), "/answer.txt");
+  po.env = ChildEnv(dir.path());
+  po.timeout = absl::Seconds(30);
+  KILN_ASSIGN_OR_RETURN(ProcessResult r, RunProcess({program, question}, po));
+  KILN_ASSIGN_OR_RETURN(std::string out, ReadFile(po.output_path, 4096));
+  if (!r.ok()) return absl::InternalError(absl::StrCat(program, " ", question, " failed: ", out));
+  return std::string(absl::StripAsciiWhitespace(out));
+}
+
 }  // namespace
 
 absl::Status ValidateMarch(absl::string_view march) {
@@ -144,17 +158,7 @@ absl::StatusOr<std::string> CompilerIdentity(const std::string& compiler) {
     if (it != cache->end()) return it->second;
   }
   KILN_ASSIGN_OR_RETURN(const std::string program, FindProgram(compiler));
-  KILN_ASSIGN_OR_RETURN(TempDir dir, TempDir::Make(""));
-  ProcessOptions po;
-  po.cwd = dir.path();
-  po.output_path = absl::StrCat(dir.path(), "/version.txt");
-  po.env = ChildEnv(dir.path());
-  po.timeout = absl::Seconds(30);
-  KILN_ASSIGN_OR_RETURN(ProcessResult r, RunProcess({program, "--version"}, po));
-  KILN_ASSIGN_OR_RETURN(std::string out, ReadFile(po.output_path, 4096));
-  if (!r.ok()) {
-    return absl::InternalError(absl::StrCat(compiler, " --version failed: ", out));
-  }
+  KILN_ASSIGN_OR_RETURN(std::string out, AskDriver(program, "--version"));
   std::string first = out.substr(0, out.find('\n'));
   if (first.empty()) return absl::InternalError(absl::StrCat(compiler, " --version printed nothing"));
   absl::MutexLock lock(&mu);
@@ -205,19 +209,6 @@ struct DirectLinker {
   std::string ld;
   std::string libgomp;
 };
-
-absl::StatusOr<std::string> AskDriver(const std::string& program, const std::string& question) {
-  KILN_ASSIGN_OR_RETURN(TempDir dir, TempDir::Make(""));
-  ProcessOptions po;
-  po.cwd = dir.path();
-  po.output_path = absl::StrCat(dir.path(), "/answer.txt");
-  po.env = ChildEnv(dir.path());
-  po.timeout = absl::Seconds(30);
-  KILN_ASSIGN_OR_RETURN(ProcessResult r, RunProcess({program, question}, po));
-  KILN_ASSIGN_OR_RETURN(std::string out, ReadFile(po.output_path, 4096));
-  if (!r.ok()) return absl::InternalError(absl::StrCat(program, " ", question, " failed: ", out));
-  return std::string(absl::StripAsciiWhitespace(out));
-}
 
 absl::StatusOr<DirectLinker> DirectLinkerOf(const std::string& program) {
   static absl::Mutex mu(absl::kConstInit);

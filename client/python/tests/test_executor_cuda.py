@@ -210,6 +210,20 @@ def gemm(plan, args, m, n, k):
     lib.float_params[:] = [1.0, 0.0]
 
 
+def gemm_program(plan, monkeypatch, unsupported, ws_on_cuda=False):
+    """(the stand-in runtime, the program for cuda:2) of a plan with GEMM steps, CPU tensors
+    standing in for device memory; GEMMs have no cuBLASLt algorithm when `unsupported`."""
+    rt = FakeGemmRuntime()
+    rt.unsupported = unsupported
+    ex = PlanExecutor(artifact_of(plan), proto.Graph(), runtime_loader=lambda: rt)
+    monkeypatch.setattr(executor._Program, "_device_of", lambda self, i: torch.device("cpu"))
+    monkeypatch.setattr(executor, "_IS_CUDA", lambda t: True)
+    monkeypatch.setattr(executor, "_current_stream", lambda device: 7)
+    if ws_on_cuda:
+        monkeypatch.setattr(executor, "_is_cuda_device", lambda device: True)
+    return rt, executor._Program(ex, torch.device("cuda", 2), {})
+
+
 @pytest.mark.parametrize("ws_on_cuda", [True, False])
 @pytest.mark.parametrize("unsupported", [False, True])
 def test_workspace_values_reach_kernels_and_gemms_as_pointers(no_device_guard, monkeypatch, ws_on_cuda,
@@ -228,15 +242,7 @@ def test_workspace_values_reach_kernels_and_gemms_as_pointers(no_device_guard, m
     kernel(plan, 0, "kiln_kernel_0", [d, x, dv])
     gemm(plan, [out, d, w2], 4, 5, 3)
     plan.outputs.append(out)
-    rt = FakeGemmRuntime()
-    rt.unsupported = unsupported
-    ex = PlanExecutor(artifact_of(plan), proto.Graph(), runtime_loader=lambda: rt)
-    monkeypatch.setattr(executor._Program, "_device_of", lambda self, i: torch.device("cpu"))
-    monkeypatch.setattr(executor, "_IS_CUDA", lambda t: True)
-    monkeypatch.setattr(executor, "_current_stream", lambda device: 7)
-    if ws_on_cuda:
-        monkeypatch.setattr(executor, "_is_cuda_device", lambda device: True)
-    program = executor._Program(ex, torch.device("cuda", 2), {})
+    rt, program = gemm_program(plan, monkeypatch, unsupported, ws_on_cuda)
     assert program.tensor_reads == {out}
     strided = []
     original = torch.Tensor.as_strided
@@ -290,13 +296,7 @@ def test_views_of_inputs_and_step_results_reach_kernels_and_gemms_as_pointers(no
     step.outputs.append(neg)
     kernel(plan, 0, "kiln_kernel_0", [row, part, out2])
     plan.outputs.extend([out, out2])
-    rt = FakeGemmRuntime()
-    rt.unsupported = unsupported
-    ex = PlanExecutor(artifact_of(plan), proto.Graph(), runtime_loader=lambda: rt)
-    monkeypatch.setattr(executor._Program, "_device_of", lambda self, i: torch.device("cpu"))
-    monkeypatch.setattr(executor, "_IS_CUDA", lambda t: True)
-    monkeypatch.setattr(executor, "_current_stream", lambda device: 7)
-    program = executor._Program(ex, torch.device("cuda", 2), {})
+    rt, program = gemm_program(plan, monkeypatch, unsupported)
     strided = []
     original = torch.Tensor.as_strided
     monkeypatch.setattr(torch.Tensor, "as_strided", lambda t, *a: strided.append(a) or original(t, *a))
