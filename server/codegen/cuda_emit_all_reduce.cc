@@ -1,0 +1,177 @@
+// CudaKernelEmitter (cuda_kernel_emitter.h): the end of a row kernel's phase: pass B of the
+// two-pass statistics (online softmax, Welford) over the cached values, with the exps kept for
+// later phases (exp_reuse.h), and the all-reduce of each accumulator in the row's layout.
+
+#include <cstdint>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/types/optional.h"
+#include "server/codegen/cuda_emitter.h"
+#include "server/codegen/cuda_kernel_emitter.h"
+#include "server/codegen/exp_reuse.h"
+#include "server/kernel/kernel_ir.h"
+
+namespace kiln::codegen::internal {
+
+namespace {
+
+const char* ReduceOp(AccKind k) {
+  switch (k) {
+    case AccKind::kSum: return "kiln_cuda::SumOp()";
+    case AccKind::kProd: return "kiln_cuda::ProdOp()";
+    case AccKind::kMax: return "kiln_cuda::MaxOp()";
+    case AccKind::kMin: return "kiln_cuda::MinOp()";
+    default: return "kiln_cuda::MergeOp()";
+  }
+}
+
+}  // namespace
+
+void CudaKernelEmitter::PlanExpReuse() {
+  for (auto& [id, tp] : two_pass_) {
+    if (!tp.reuses_cache) continue;
+    auto smem = smem_arrays_.find(tp.array);
+    if (smem != smem_arrays_.end() && kernel::IsHalfType(smem->second)) continue;  // 16-bit slots
+    bool alone = true;
+    for (const auto& [other, o] : two_pass_) alone &= other == id || o.array != tp.array;
+    if (!alone) continue;
+    bool softmax = false;
+    for (const Accumulator& a : k_.accumulators) {
+      softmax |= a.id == id && a.kind == AccKind::kOnlineSoftmax;
+    }
+    if (!softmax) continue;
+    absl::optional<std::vector<const ExprNode*>> nodes = ExpShiftNodes(k_, tp.phase + 1, id, tp.key);
+    if (nodes && !nodes->empty()) tp.exp_nodes = std::move(*nodes);
+  }
+}
+
+void CudaKernelEmitter::SeedScope() {
+  for (const auto& [id, tp] : two_pass_) {
+    if (phase_ <= tp.phase) continue;
+    std::string slot = Slot(tp.array);
+    if (smem_vec_ && plan_ != nullptr && lane_ >= 0) {
+      // kSharedRow's vector rows: the chunk's vector, already read from shared memory.
+      auto vec = plan_->loads.find(tp.key);
+      if (vec != plan_->loads.end()) slot = absl::StrCat(vec->second.name, ".v[", lane_, "]");
+    }
+    for (const ExprNode* e : tp.exp_nodes) scopes_.back()[e] = slot;
+  }
+}
+
+void CudaKernelEmitter::EmitAllReduces(const std::vector<Stmt>& stmts, int64_t chunks,
+                                       int64_t total) {
+  auto allreduce = [&](const std::string& value, const char* op) {
+    switch (launch_.layout) {
+      case CudaLayout::kWarpPerRow:
+        w_.Linef(value, " = kiln_cuda::warp_allreduce(", value, ", ", op, ");");
+        break;
+      case CudaLayout::kBlockPerRow:
+      case CudaLayout::kSharedRow:
+        w_.Linef(value, " = kiln_cuda::block_allreduce<", launch_.block / 32, ">(", value, ", ", op,
+                 ", kiln_smem);");
+        break;
+      case CudaLayout::kClusterRow:
+        w_.Linef(value, " = kiln_cuda::cluster_allreduce<", launch_.block / 32, ", ",
+                 launch_.cluster, ">(", value, ", ", op, ", kiln_smem, kiln_pub, &kiln_parity);");
+        break;
+      default:
+        w_.Linef(value, " = kiln_cuda::column_allreduce(", value, ", ", op, ", kiln_smem, ",
+                 kColumnPoints, ");");
+        break;
+    }
+  };
+  std::set<int> done;
+  for (const Stmt& s : stmts) {
+    if (s.kind != StmtKind::kAccumulate || !done.insert(s.acc.id).second) continue;
+    const std::string acc = absl::StrCat("acc", s.acc.id);
+    auto two = two_pass_.find(s.acc.id);
+    if (two == two_pass_.end()) {
+      allreduce(acc, ReduceOp(s.acc.kind));
+      continue;
+    }
+    const std::string t = ValueType(s.acc.dtype);
+    const bool softmax = s.acc.kind == AccKind::kOnlineSoftmax;
+    if (softmax) {
+      allreduce(acc + ".max", "kiln_cuda::MaxOp()");
+    } else {
+      allreduce(acc + ".mean", "kiln_cuda::SumOp()");
+      w_.Linef(acc, ".mean = ", acc, ".mean / static_cast<", t, ">(", total, ");");
+    }
+    w_.Open("");
+    if (softmax && two->second.exp_nodes.empty()) {
+      // An all -inf row: max -inf, every exp(-inf - 0) = 0, so sum 0 as the online rule.
+      w_.Linef("const ", t, " kiln_m = ", acc, ".max == -kiln_cuda::inf<", t, ">() ? ", t,
+               "(0) : ", acc, ".max;");
+    }
+    // Shared slots need no constant index: a loop, not chunks x lanes of straight code.
+    w_.Raw(smem_arrays_.count(two->second.array) ? "#pragma unroll 4" : "#pragma unroll");
+    w_.Open(absl::StrCat("for (int kiln_e = 0; kiln_e < ", chunks, "; ++kiln_e)"));
+    const bool guard = !shifted_ && total % (int64_t{group_} * width_) != 0;
+    if (guard) {
+      w_.Open(absl::StrCat("if ((static_cast<idx_t>(kiln_e) * ", group_, " + kiln_lane)",
+                           width_ == 1 ? "" : absl::StrCat(" * ", width_), " < ", total, ")"));
+    }
+    auto smem = smem_arrays_.find(two->second.array);
+    const bool local = smem_vec_ && smem != smem_arrays_.end();
+    if (local) {
+      // The chunk's vector read once (and written back once with the exps).
+      const std::string slot = absl::StrCat(smem->first, "[kiln_e * ", group_, " + kiln_lane]");
+      w_.Linef(two->second.exp_nodes.empty() ? "const " : "", "kiln_cuda::Vec<",
+               SmemType(smem->second), ", ", width_, "> kiln_x = ", slot, ";");
+      local_vec_array_ = smem->first;
+      local_vec_ = "kiln_x";
+    }
+    for (int j = 0; j < width_; ++j) {
+      lane_ = width_ == 1 ? -1 : j;
+      if (shifted_) {
+        // Only the lanes within the row (its first and last chunks have others).
+        w_.Open("");
+        w_.Linef("const idx_t kiln_r = (static_cast<idx_t>(kiln_e) * ", group_, " + kiln_lane) * ",
+                 width_, " + ", j, " - kiln_sh;");
+        w_.Open(absl::StrCat("if (kiln_r >= 0 && kiln_r < ", total, ")"));
+      }
+      const std::string x = SlotValue(two->second.array);
+      if (softmax && !two->second.exp_nodes.empty()) {
+        w_.Linef(x, " = kiln_cuda::exp(", x, " - ", acc, ".max);");  // not 16-bit (PlanExpReuse)
+        w_.Linef(acc, ".sum += ", x, ";");
+      } else if (softmax) {
+        w_.Linef(acc, ".sum += kiln_cuda::exp(", x, " - kiln_m);");
+      } else {
+        w_.Linef("const ", t, " kiln_d", j, " = ", x, " - ", acc, ".mean;");
+        w_.Linef(acc, ".m2 += kiln_d", j, " * kiln_d", j, ";");
+      }
+      if (shifted_) {
+        w_.Close();
+        w_.Close();
+      }
+    }
+    lane_ = -1;
+    if (local) {
+      if (!two->second.exp_nodes.empty()) {
+        w_.Linef(smem->first, "[kiln_e * ", group_, " + kiln_lane] = kiln_x;");
+      }
+      local_vec_array_.clear();
+      local_vec_.clear();
+    }
+    if (guard) w_.Close();
+    w_.Close();
+    w_.Close();
+    if (softmax) {
+      allreduce(acc + ".sum", "kiln_cuda::SumOp()");
+      if (!two->second.exp_nodes.empty()) {
+        // The exps are exp(x - max) exactly as later phases compute them (NaN for an all -inf
+        // row); the online rule's sum of that row is 0.
+        w_.Linef("if (", acc, ".max == -kiln_cuda::inf<", t, ">()) ", acc, ".sum = ", t, "(0);");
+      }
+    } else {
+      allreduce(acc + ".m2", "kiln_cuda::SumOp()");
+      w_.Linef(acc, ".count = static_cast<", t, ">(", total, ");");
+    }
+  }
+}
+
+}  // namespace kiln::codegen::internal

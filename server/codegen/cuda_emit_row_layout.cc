@@ -1,0 +1,226 @@
+// CudaKernelEmitter (cuda_kernel_emitter.h): the layout of a row kernel (kColumn, kWarpPerRow,
+// kBlockPerRow, kSharedRow, kClusterRow) and the facts about its row that cuda_long_rows.h decides
+// the long rows' layouts with.
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/types/optional.h"
+#include "server/codegen/cuda_emitter.h"
+#include "server/codegen/cuda_kernel_emitter.h"
+#include "server/codegen/cuda_long_rows.h"
+#include "server/codegen/exp_reuse.h"
+#include "server/kernel/kernel_ir.h"
+
+namespace kiln::codegen::internal {
+
+namespace {
+
+constexpr int kWarpRowLimit = 1024;  // static reduction lengths up to this: a warp per row
+
+// sizeof the accumulator's state in the helpers (kiln_cuda_reduce.cuh).
+int StateBytes(const Accumulator& a) {
+  const int t = kernel::ScalarTypeBytes(a.dtype);
+  switch (a.kind) {
+    case AccKind::kArgMax: case AccKind::kArgMin: return 16;
+    case AccKind::kWelford: return 3 * t;
+    case AccKind::kOnlineSoftmax: return 2 * t;
+    default: return t;
+  }
+}
+
+}  // namespace
+
+bool CudaKernelEmitter::IsColumnReduction() const {
+  if (k_.outer.empty()) return false;
+  const Var last_outer{VarKind::kOuter, static_cast<int32_t>(k_.outer.size()) - 1};
+  const Var last_reduce{VarKind::kReduce, static_cast<int32_t>(k_.reduce.size()) - 1};
+  bool column = false;
+  for (const kernel::Phase& p : k_.phases) {
+    for (const ExprNode* l : LoadsOf(p.stmts)) {
+      if (!l->args.empty()) continue;
+      if (ConstStride(l->index, last_reduce) == absl::optional<int64_t>(1)) return false;
+      if (ConstStride(l->index, last_outer) == absl::optional<int64_t>(1)) column = true;
+    }
+  }
+  return column;
+}
+
+void CudaKernelEmitter::ChooseRowLayout(const Size& rows, absl::optional<int64_t> total_c) {
+  launch_.work = rows;
+  int max_state = 0;
+  for (const Accumulator& a : k_.accumulators) max_state = std::max(max_state, StateBytes(a));
+  if (IsColumnReduction()) {
+    // Enough threads per point (8..32) that the blocks fill every SM: a column reduction has
+    // few points, and each thread's loads are strided.
+    launch_.layout = CudaLayout::kColumn;
+    group_ = 32;
+    if (const absl::optional<int64_t> points = rows.AsConst()) {
+      const int64_t blocks = (*points + kColumnPoints - 1) / kColumnPoints;
+      group_ = 8;
+      while (group_ < 32 && blocks * kColumnPoints * group_ < int64_t{num_sms_} * kThreadsPerSm) {
+        group_ *= 2;
+      }
+    }
+    launch_.block = kColumnPoints * group_;
+    launch_.work_per_block = kColumnPoints;
+    launch_.max_grid = int64_t{num_sms_} * (kThreadsPerSm / launch_.block) * 4;
+    smem_bytes_ = launch_.block * max_state;
+  } else if (total_c && *total_c <= kWarpRowLimit) {
+    launch_.layout = CudaLayout::kWarpPerRow;
+    launch_.block = kRowsBlock;
+    group_ = 32;
+    launch_.work_per_block = kRowsBlock / 32;
+    launch_.max_grid = int64_t{num_sms_} * (kThreadsPerSm / kRowsBlock);
+  } else {
+    launch_.layout = CudaLayout::kBlockPerRow;
+    // Static lengths: the smallest block (128..1024) that leaves at most kRowValues cached
+    // values per thread (in vectors of 4): fewer threads per barrier, and registers enough for
+    // several rows per SM. 8192 columns: 256 threads; 32768: 1024.
+    int block = 512;
+    if (total_c) {
+      const int64_t per_thread =
+          std::max<int64_t>(4, cuda_.row_values / std::max(1, RecurringLoads()));
+      block = std::min(128, cuda_.max_row_block);
+      while (block < cuda_.max_row_block && *total_c > int64_t{block} * per_thread) block *= 2;
+    }
+    launch_.block = block;
+    group_ = block;
+    launch_.work_per_block = 1;
+    launch_.max_grid = int64_t{num_sms_} * (kThreadsPerSm / block);
+    smem_bytes_ = 32 * max_state;
+    if (total_c) {
+      if (const absl::optional<SharedRowChoice> c = ChooseShared(*total_c, rows.AsConst())) {
+        // The row cache in dynamic shared memory (EmitRow sets launch_.shared_bytes).
+        launch_.layout = CudaLayout::kSharedRow;
+        launch_.block = c->block;
+        group_ = c->block;
+        shared_blocks_per_sm_ = c->blocks_per_sm;
+      } else if (const absl::optional<ClusterRowChoice> c =
+              ChooseCluster(*total_c, rows.AsConst(), block, &row_grid_)) {
+        // A row over the blocks of a cluster: slots for the block all-reduce, then the two
+        // published slots of 8 words (kiln_cuda_cluster.cuh).
+        launch_.layout = CudaLayout::kClusterRow;
+        launch_.block = c->block;
+        launch_.cluster = c->cluster;
+        launch_.work = rows * Size::Const(c->cluster);
+        group_ = c->block * c->cluster;
+        pub_offset_ = 32 * max_state;
+        smem_bytes_ = pub_offset_ + 64;
+      }
+    }
+  }
+}
+
+std::map<std::string, CudaKernelEmitter::RowLoad> CudaKernelEmitter::RowLoads() const {
+  std::map<std::string, RowLoad> loads;
+  for (size_t p = 0; p < k_.phases.size(); ++p) {
+    std::set<std::string> here;
+    for (const ExprNode* l : LoadsOf(k_.phases[p].stmts)) {
+      if (!l->args.empty()) continue;
+      bool uses_r = false;
+      for (const IndexTerm& t : l->index.terms) uses_r |= t.var.kind == VarKind::kReduce;
+      if (!uses_r) continue;
+      const std::string key = AccessKey(l->buffer, l->index);
+      if (!here.insert(key).second) continue;
+      auto [it, added] = loads.try_emplace(key);
+      if (added) it->second.first_phase = static_cast<int>(p);
+      ++it->second.phases;
+      it->second.node = l;
+    }
+  }
+  return loads;
+}
+
+int CudaKernelEmitter::RecurringLoads(int64_t* element_bytes) const {
+  int n = 0;
+  for (const auto& [key, l] : RowLoads()) {
+    if (l.phases < 2) continue;
+    ++n;
+    if (element_bytes != nullptr) *element_bytes += kernel::ScalarTypeBytes(l.node->buffer.dtype);
+  }
+  return n;
+}
+
+ClusterRowFacts CudaKernelEmitter::LongRowFacts(int64_t total, absl::optional<int64_t> rows,
+                                                bool* shifted_rows, int* shifted_width) {
+  ClusterRowFacts facts;
+  facts.length = total;
+  facts.rows = rows;
+  int64_t element_bytes = 0;
+  facts.recurring_loads = RecurringLoads(&element_bytes);
+  facts.row_bytes = element_bytes * total;
+  facts.element_bytes = element_bytes;
+  if (k_.reduce.size() == 1) {
+    std::vector<Stmt> all;
+    for (const kernel::Phase& p : k_.phases) all.insert(all.end(), p.stmts.begin(), p.stmts.end());
+    const int width = PlanVector(all, Var{VarKind::kReduce, 0}).width;
+    if (width > 1 && total % width == 0) {
+      facts.vector_width = width;
+    } else if (const int shifted = PlanShiftedVector(all, Var{VarKind::kReduce, 0}).width; shifted > 1) {
+      // Vectors from up to width - 1 elements before the row's start (PlanShiftedVector).
+      facts.vector_width = shifted;
+      facts.length = total + shifted - 1;
+      *shifted_rows = true;
+      *shifted_width = shifted;
+    }
+  }
+  return facts;
+}
+
+ClusterRowLimits CudaKernelEmitter::LongRowLimits(bool shifted_rows, int shifted_width) const {
+  ClusterRowLimits limits;
+  limits.num_sms = num_sms_;
+  limits.max_cluster = cuda_.max_cluster;
+  limits.max_row_block = cuda_.max_row_block;
+  // Shifted rows hold their shift and scalar edge paths too: a vector and at least a quarter
+  // fewer cached values (50257 softmax, ptxas at 64 registers: bf16 with 32 values and f32 with
+  // 28 spilled; 24 and 20 do not).
+  limits.row_values =
+      shifted_rows ? std::max(shifted_width, std::min(cuda_.row_values - shifted_width,
+                                                      cuda_.row_values * 3 / 4))
+                   : cuda_.row_values;
+  limits.max_cached_values = cuda_.max_cached_values;
+  if (long_rows_ == CudaLongRows::kBlockPerRow) limits.l2_row_bytes = kL2RowBytes;  // forced: capped grid
+  if (!ArchHasClusters(cuda_.arch)) limits.max_cluster = 0;
+  const SharedMemorySize smem = SharedMemoryOf(cuda_.arch);
+  limits.shared_bytes_per_sm = smem.per_sm;
+  limits.max_shared_bytes_per_block = smem.per_block;
+  limits.static_shared_bytes = smem_bytes_;
+  limits.shared_row_blocks_per_sm = cuda_.shared_row_blocks_per_sm;
+  limits.shared_row_block = cuda_.shared_row_block;
+  return limits;
+}
+
+absl::optional<SharedRowChoice> CudaKernelEmitter::ChooseShared(int64_t total,
+                                                                absl::optional<int64_t> rows) {
+  if (long_rows_ != CudaLongRows::kAuto && long_rows_ != CudaLongRows::kShared) return absl::nullopt;
+  bool shifted_rows = false;
+  int shifted_width = 1;
+  const ClusterRowFacts facts = LongRowFacts(total, rows, &shifted_rows, &shifted_width);
+  const ClusterRowLimits limits = LongRowLimits(shifted_rows, shifted_width);
+  return ChooseSharedRows(facts, limits, long_rows_ == CudaLongRows::kShared);
+}
+
+absl::optional<ClusterRowChoice> CudaKernelEmitter::ChooseCluster(int64_t total,
+                                                                 absl::optional<int64_t> rows,
+                                                                 int block, int64_t* row_grid) {
+  *row_grid = 0;
+  if (!ArchHasClusters(cuda_.arch)) return absl::nullopt;
+  bool shifted_rows = false;
+  int shifted_width = 1;
+  const ClusterRowFacts facts = LongRowFacts(total, rows, &shifted_rows, &shifted_width);
+  const ClusterRowLimits limits = LongRowLimits(shifted_rows, shifted_width);
+  absl::optional<ClusterRowChoice> choice;
+  if (long_rows_ != CudaLongRows::kBlockPerRow) choice = ChooseClusterRows(facts, limits);
+  if (!choice && long_rows_ != CudaLongRows::kCluster && long_rows_ != CudaLongRows::kShared) {
+    *row_grid = UncachedRowGrid(facts, limits, block);
+  }
+  return choice;
+}
+
+}  // namespace kiln::codegen::internal

@@ -1,0 +1,326 @@
+// CudaKernelEmitter (cuda_kernel_emitter.h): row kernels, a group of threads per row (outer
+// point): the loop over the rows of each layout, and each row's accumulators, register row
+// caches, two-pass statistics and phases.
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/types/optional.h"
+#include "server/codegen/cuda_emitter.h"
+#include "server/codegen/cuda_kernel_emitter.h"
+#include "server/codegen/exp_reuse.h"
+#include "server/kernel/kernel_ir.h"
+
+namespace kiln::codegen::internal {
+
+namespace {
+
+constexpr int kRowWaves = 4;    // row kernels: grid cap in waves of blocks that fit by threads
+
+const char* AccStruct(AccKind k) {
+  switch (k) {
+    case AccKind::kArgMax: return "ArgMax";
+    case AccKind::kArgMin: return "ArgMin";
+    case AccKind::kWelford: return "Welford";
+    case AccKind::kOnlineSoftmax: return "OnlineSoftmax";
+    default: return nullptr;
+  }
+}
+
+}  // namespace
+
+void CudaKernelEmitter::EmitRows() {
+  const int k = static_cast<int>(k_.outer.size());
+  const int m = static_cast<int>(k_.reduce.size());
+  const Size rows = Product(k_.outer);
+  const Size total = Product(k_.reduce);
+  const absl::optional<int64_t> total_c = total.AsConst();
+  ChooseRowLayout(rows, total_c);
+  const std::string rows_code = SizeCode(rows);
+  switch (launch_.layout) {
+    case CudaLayout::kWarpPerRow:
+      w_.Line("const int kiln_lane = threadIdx.x & 31;");
+      w_.Open(absl::StrCat("for (idx_t kiln_u = static_cast<idx_t>(blockIdx.x) * ",
+                           kRowsBlock / 32, " + (threadIdx.x >> 5); kiln_u < ", rows_code,
+                           "; kiln_u += static_cast<idx_t>(gridDim.x) * ", kRowsBlock / 32, ")"));
+      break;
+    case CudaLayout::kBlockPerRow:
+    case CudaLayout::kSharedRow:
+      w_.Line("const int kiln_lane = threadIdx.x;");
+      if (launch_.layout == CudaLayout::kSharedRow) {
+        w_.Line("unsigned char* const kiln_dsmem = kiln_cuda::dynamic_smem();");
+      }
+      w_.Open(absl::StrCat("for (idx_t kiln_u = blockIdx.x; kiln_u < ", rows_code,
+                           "; kiln_u += gridDim.x)"));
+      break;
+    case CudaLayout::kClusterRow:
+      // Every block of a cluster runs the same rows (the barriers inside the all-reduces).
+      w_.Linef("const int kiln_lane = static_cast<int>(blockIdx.x % ", launch_.cluster, "u) * ",
+               launch_.block, " + static_cast<int>(threadIdx.x);");
+      w_.Linef("uint32_t* const kiln_pub = reinterpret_cast<uint32_t*>(kiln_smem + ", pub_offset_,
+               ");");
+      w_.Line("unsigned kiln_parity = 0;");
+      w_.Open(absl::StrCat("for (idx_t kiln_u = blockIdx.x / ", launch_.cluster, "u; kiln_u < ",
+                           rows_code, "; kiln_u += gridDim.x / ", launch_.cluster, "u)"));
+      break;
+    default:
+      w_.Linef("const int kiln_lane = threadIdx.x / ", kColumnPoints, ";");
+      w_.Open(absl::StrCat("for (idx_t kiln_p = static_cast<idx_t>(blockIdx.x) * ", kColumnPoints,
+                           "; kiln_p < ", rows_code, "; kiln_p += static_cast<idx_t>(gridDim.x) * ",
+                           kColumnPoints, ")"));
+      w_.Linef("const idx_t kiln_u = kiln_p + threadIdx.x % ", kColumnPoints, ";");
+      w_.Linef("const bool kiln_active = kiln_u < ", rows_code, ";");
+      break;
+  }
+  if (k > 0) EmitDecompose("kiln_u", k);
+  // A vector path along r0 when the reduction space is one-dimensional.
+  VecPlan plan;
+  if (launch_.layout != CudaLayout::kColumn && m == 1) {
+    std::vector<Stmt> all;
+    for (const kernel::Phase& p : k_.phases) all.insert(all.end(), p.stmts.begin(), p.stmts.end());
+    plan = PlanVector(all, Var{VarKind::kReduce, 0});
+    if (total_c && (plan.width <= 1 || *total_c % plan.width != 0)) {
+      // Rows of an odd length or stride: vectors shifted to each row's alignment.
+      plan = PlanShiftedVector(all, Var{VarKind::kReduce, 0});
+    } else if (plan.width > 1 && !total_c) {
+      plan.checks.push_back(absl::StrCat(SizeCode(total), " % ", plan.width, " == 0"));
+    }
+  }
+  launch_.vector_width = plan.width;
+  if (plan.width > 1) {
+    // kiln_vec is uniform over the kernel: every thread of a row takes the same path.
+    hoisted_.Linef("const bool kiln_vec = ", VecFlag(plan), ";");
+    w_.Open("if (kiln_vec)");
+    EmitRow(plan);
+    w_.Close();
+    w_.Open("else");
+    // Shifted rows whose buffers lie differently from each other (rare): scalar and read
+    // twice, not cached (a cached scalar row next to the vector one spills at 64 registers).
+    EmitRow(VecPlan(), /*cache=*/plan.shift.empty());
+    w_.Close();
+  } else {
+    EmitRow(plan);
+  }
+  w_.Close();
+  if (launch_.layout == CudaLayout::kClusterRow) {
+    w_.Line("kiln_cuda::cluster_sync();  // no block leaves while others may read its slots");
+  }
+  if (launch_.layout != CudaLayout::kColumn) {
+    // Several waves of blocks (as many as there are rows, up to kRowWaves times what fits by
+    // threads): how many blocks are resident depends on registers that only ptxas knows, and
+    // a persistent grid sized by a wrong guess leaves a partial last wave as long as the rest.
+    launch_.max_grid = int64_t{num_sms_} * (kThreadsPerSm / launch_.block) * kRowWaves /
+                       launch_.cluster * launch_.cluster;
+    // Uncached rows too long for a block: no more rows in flight than the L2 holds (pass 2).
+    if (row_grid_ > 0) launch_.max_grid = std::min(launch_.max_grid, row_grid_);
+    // Shared rows: one wave of the blocks that fit by shared memory, grid-stride over the rows.
+    if (launch_.layout == CudaLayout::kSharedRow) {
+      launch_.max_grid = int64_t{num_sms_} * shared_blocks_per_sm_;
+    }
+  }
+}
+
+void CudaKernelEmitter::EmitRow(const VecPlan& plan, bool cache) {
+  const int width = plan.width;
+  width_ = width;
+  const Size total = Product(k_.reduce);
+  const absl::optional<int64_t> total_c = total.AsConst();
+  const bool column = launch_.layout == CudaLayout::kColumn;
+  shifted_ = !plan.shift.empty();
+  const bool shared = launch_.layout == CudaLayout::kSharedRow;
+  smem_arrays_.clear();
+  smem_vec_ = false;
+  PushScope();
+  if (shifted_) w_.Linef("const idx_t kiln_sh = ", plan.shift, ";");
+  for (const Accumulator& a : k_.accumulators) {
+    const std::string t = ValueType(a.dtype);
+    if (const char* st = AccStruct(a.kind)) {
+      w_.Linef("kiln_cuda::", st, "<", t, "> acc", a.id, ";");
+    } else if (a.kind == AccKind::kSum) {
+      w_.Linef(t, " acc", a.id, " = 0;");
+    } else if (a.kind == AccKind::kProd) {
+      w_.Linef(t, " acc", a.id, " = 1;");
+    } else {
+      w_.Linef(t, " acc", a.id, " = kiln_cuda::", a.kind == AccKind::kMax ? "lowest" : "highest",
+               "<", t, ">();");
+    }
+  }
+  // Registers caching loads that recur in later phases (static lengths only).
+  cache_.clear();
+  int64_t chunks = 0;
+  if (total_c && !column) {
+    // Shifted rows: chunks over [-kiln_sh, total), up to width - 1 elements more.
+    chunks = (*total_c + (shifted_ ? width - 1 : 0) + int64_t{group_} * width - 1) /
+             (int64_t{group_} * width);
+    const std::map<std::string, RowLoad> loads = RowLoads();
+    int64_t values = 0;
+    for (const auto& [key, l] : loads) values += l.phases > 1 && !shared ? chunks * width : 0;
+    // At most half of the registers a thread of this block size may have.
+    const int64_t limit = std::min<int64_t>(cuda_.max_cached_values, 65536 / launch_.block / 2);
+    if (values > limit || !cache) values = 0;
+    if (shared && cache) {
+      // kSharedRow: each recurring load's slots in dynamic shared memory, one after another
+      // (each a multiple of 32 bytes: the block is a multiple of 32 threads). Vector rows: slots
+      // of a chunk's Vec<T, width>, chunk-major ([kiln_e * block + thread]), filled by
+      // asynchronous copies before the load's first phase (EmitSharedFill).
+      smem_vec_ = width > 1;
+      int64_t offset = 0;
+      for (const auto& [key, l] : loads) {
+        if (l.phases < 2) continue;
+        const ScalarType type = l.node->type;
+        CacheEntry e{absl::StrCat("kiln_c", cache_.size()), l.first_phase, l.node};
+        const std::string t = smem_vec_ ? absl::StrCat("kiln_cuda::Vec<", SmemType(type), ", ", width, ">")
+                                        : SmemType(type);
+        w_.Linef(t, "* const ", e.name, " = reinterpret_cast<", t, "*>(kiln_dsmem + ", offset, ");");
+        smem_arrays_[e.name] = type;
+        cache_[key] = e;
+        offset += SmemBytes(type) * chunks * width * group_;
+      }
+      launch_.shared_bytes = std::max<int>(launch_.shared_bytes, static_cast<int>(offset));
+    } else if (values > 0) {
+      for (const auto& [key, l] : loads) {
+        if (l.phases < 2) continue;
+        CacheEntry e{absl::StrCat("kiln_c", cache_.size()), l.first_phase};
+        w_.Linef(ValueType(l.node->type), " ", e.name, "[", chunks * width, "];");
+        cache_[key] = e;
+      }
+    }
+    // Online softmax and Welford over register-resident values: two cheap passes instead of
+    // the per-element online rule (a max or sum, then exp(x - max) or (x - mean)^2). Not for
+    // an accumulator folded by more than one statement.
+    std::map<int, int> folds;
+    for (const kernel::Phase& p : k_.phases) {
+      for (const Stmt& s : p.stmts) folds[s.acc.id] += s.kind == StmtKind::kAccumulate;
+    }
+    for (size_t pi = 0; pi < k_.phases.size(); ++pi) {
+      for (const Stmt& s : k_.phases[pi].stmts) {
+        if (s.kind != StmtKind::kAccumulate || folds[s.acc.id] != 1) continue;
+        if (s.acc.kind != AccKind::kOnlineSoftmax && s.acc.kind != AccKind::kWelford) continue;
+        if (!kernel::IsFloatType(s.acc.dtype)) continue;
+        if (!cache) continue;
+        TwoPass tp;
+        tp.phase = static_cast<int>(pi);
+        if (const ExprNode* load = HeldLoad(s.value.get())) {
+          auto cached = cache_.find(AccessKey(load->buffer, load->index));
+          if (cached != cache_.end() && s.value->type == s.acc.dtype) {
+            tp.array = cached->second.name;
+            tp.reuses_cache = true;
+            tp.key = cached->first;
+          }
+        }
+        if (!tp.reuses_cache) {
+          if (values + chunks * width > limit) continue;
+          values += chunks * width;
+          tp.array = absl::StrCat("kiln_a", s.acc.id);
+          w_.Linef(ValueType(s.acc.dtype), " ", tp.array, "[", chunks * width, "];");
+        }
+        two_pass_[s.acc.id] = tp;
+      }
+    }
+    PlanExpReuse();
+    launch_.cached_values = std::max<int>(launch_.cached_values, static_cast<int>(values));
+  }
+  std::string total_code = SizeCode(total);
+  for (size_t p = 0; p < k_.phases.size(); ++p) {
+    phase_ = static_cast<int>(p);
+    const std::vector<Stmt>& stmts = k_.phases[p].stmts;
+    w_.Linef("// phase ", p);
+    if (smem_vec_) EmitSharedFill(plan, chunks, *total_c);
+    int opened = 0;
+    if (column) {
+      w_.Open("if (kiln_active)");
+      w_.Raw("#pragma unroll 8");
+      w_.Open(absl::StrCat("for (idx_t kiln_r = kiln_lane; kiln_r < ", total_code, "; kiln_r += ",
+                           group_, ")"));
+      opened = 2;
+    } else if (total_c) {
+      // Uncached shifted rows: 4 chunks at a time (each has a vector and a scalar path; fully
+      // unrolled, the 13 chunks of a 50257 f32 row spill at 64 registers; 4 take 32, no spill).
+      // Shared rows: only registers need constant indices (two-pass arrays of their own).
+      bool registers = !cache_.empty();
+      if (shared) {
+        registers = false;
+        for (const auto& [id, tp] : two_pass_) registers |= !tp.reuses_cache;
+      }
+      const bool unroll_all = registers || (chunks <= 16 && !(shifted_ && chunks > 4));
+      w_.Raw(unroll_all ? "#pragma unroll" : "#pragma unroll 4");
+      w_.Open(absl::StrCat("for (int kiln_e = 0; kiln_e < ", chunks, "; ++kiln_e)"));
+      if (width == 1) {
+        w_.Linef("const idx_t kiln_rb = static_cast<idx_t>(kiln_e) * ", group_, " + kiln_lane;");
+      } else {
+        w_.Linef("const idx_t kiln_rb = (static_cast<idx_t>(kiln_e) * ", group_,
+                 " + kiln_lane) * ", width, shifted_ ? " - kiln_sh" : "", ";");
+      }
+      opened = 1;
+      if (shifted_) {
+        EmitShiftedChunk(stmts, plan, *total_c);
+      } else if (*total_c % (int64_t{group_} * width) != 0) {
+        w_.Open(absl::StrCat("if (kiln_rb < ", total_code, ")"));
+        opened = 2;
+      }
+    } else {
+      w_.Raw("#pragma unroll 4");
+      w_.Open(absl::StrCat("for (idx_t kiln_rb = static_cast<idx_t>(kiln_lane)",
+                           width == 1 ? "" : absl::StrCat(" * ", width), "; kiln_rb < ",
+                           total_code, "; kiln_rb += ", int64_t{group_} * width, ")"));
+      opened = 1;
+    }
+    if (shifted_) {
+      // EmitShiftedChunk did the chunk.
+    } else if (width > 1) {
+      EmitVectorLanes(stmts, plan, Var{VarKind::kReduce, 0}, "kiln_rb",
+                      [&](const std::string& value) {
+                        w_.Linef("const idx_t kiln_r = ", value, ";");
+                        w_.Line("const idx_t r0 = kiln_r;");
+                      });
+    } else {
+      if (!column) w_.Line("const idx_t kiln_r = kiln_rb;");
+      EmitReduceDecompose();
+      filled_.clear();
+      PushScope();
+      SeedScope();
+      for (const Stmt& s : stmts) EmitCudaStmt(s);
+      PopScope();
+    }
+    for (int i = 0; i < opened; ++i) w_.Close();
+    if (total_c && !column) {
+      EmitAllReduces(stmts, chunks, *total_c);
+    } else {
+      EmitAllReduces(stmts, 0, 0);
+    }
+  }
+  phase_ = -1;
+  cache_.clear();
+  two_pass_.clear();
+  smem_vec_ = false;
+  if (!k_.body.empty()) {
+    w_.Open(column ? "if (kiln_active && kiln_lane == 0)" : "if (kiln_lane == 0)");
+    PushScope();
+    for (const Stmt& s : k_.body) EmitCudaStmt(s);
+    PopScope();
+    w_.Close();
+  }
+  PopScope();
+}
+
+void CudaKernelEmitter::EmitReduceDecompose() {
+  const int m = static_cast<int>(k_.reduce.size());
+  if (m == 1) {
+    w_.Line("const idx_t r0 = kiln_r;");
+    return;
+  }
+  w_.Line("idx_t kiln_rr = kiln_r;");
+  for (int i = m - 1; i >= 1; --i) {
+    const std::string e = SizeCode(k_.reduce[i]);
+    w_.Linef("const idx_t kiln_q", i, " = kiln_rr / ", e, ";");
+    w_.Linef("const idx_t r", i, " = kiln_rr - kiln_q", i, " * ", e, ";");
+    w_.Linef("kiln_rr = kiln_q", i, ";");
+  }
+  w_.Line("const idx_t r0 = kiln_rr;");
+}
+
+}  // namespace kiln::codegen::internal

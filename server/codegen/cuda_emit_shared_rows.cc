@@ -1,0 +1,98 @@
+// CudaKernelEmitter (cuda_kernel_emitter.h): kSharedRow's row cache in dynamic shared memory
+// (filled by cp.async), and the slots of a row cache, in registers or in shared memory.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "server/codegen/cuda_kernel_emitter.h"
+#include "server/codegen/exp_reuse.h"
+#include "server/kernel/kernel_ir.h"
+
+namespace kiln::codegen::internal {
+
+void CudaKernelEmitter::EmitSharedFill(const VecPlan& plan, int64_t chunks, int64_t total) {
+  std::vector<const CacheEntry*> fill;
+  for (const auto& [key, e] : cache_) {
+    if (e.first_phase == phase_ && smem_arrays_.count(e.name)) fill.push_back(&e);
+  }
+  if (fill.empty()) return;
+  const int width = plan.width;
+  auto slot = [&](const CacheEntry& e) {
+    return absl::StrCat(e.name, "[kiln_e * ", group_, " + kiln_lane]");
+  };
+  auto scalar = [&](const CacheEntry& e, int j) {
+    w_.Linef(slot(e), ".v[", j, "] = b", e.load->buffer.index, "[", IndexCode(e.load->index), "];");
+  };
+  w_.Raw(chunks <= 16 ? "#pragma unroll" : "#pragma unroll 4");
+  w_.Open(absl::StrCat("for (int kiln_e = 0; kiln_e < ", chunks, "; ++kiln_e)"));
+  w_.Linef("const idx_t kiln_rb = (static_cast<idx_t>(kiln_e) * ", group_, " + kiln_lane) * ", width,
+           shifted_ ? " - kiln_sh" : "", ";");
+  if (shifted_) {
+    w_.Open(absl::StrCat("if (kiln_rb >= 0 && kiln_rb + ", width, " <= ", total, ")"));
+  } else {
+    w_.Open(total % (int64_t{group_} * width) != 0 ? absl::StrCat("if (kiln_rb < ", total, ")") : "");
+  }
+  w_.Line("const idx_t r0 = kiln_rb;");
+  for (const CacheEntry* e : fill) {
+    const std::string key = AccessKey(e->load->buffer, e->load->index);
+    const int64_t bytes = SmemBytes(e->load->type) * width;
+    if (plan.loads.count(key) &&
+        SmemBytes(e->load->type) == kernel::ScalarTypeBytes(e->load->buffer.dtype) &&
+        (bytes == 4 || bytes == 8 || bytes == 16)) {
+      w_.Linef("kiln_cuda::cp_async<", bytes, ">(&", slot(*e), ", b", e->load->buffer.index, " + (",
+               IndexCode(e->load->index), "));");
+      continue;
+    }
+    // Not a vector access of the plan: element by element.
+    for (int j = 0; j < width; ++j) {
+      w_.Open("");
+      w_.Linef("const idx_t r0 = kiln_rb + ", j, ";");
+      scalar(*e, j);
+      w_.Close();
+    }
+  }
+  w_.Close();
+  if (shifted_) {
+    w_.Open(absl::StrCat("else if (kiln_rb < ", total, ")"));
+    for (int j = 0; j < width; ++j) {
+      w_.Open("");
+      w_.Linef("const idx_t kiln_r = kiln_rb + ", j, ";");
+      w_.Open(absl::StrCat("if (kiln_r >= 0 && kiln_r < ", total, ")"));
+      w_.Line("const idx_t r0 = kiln_r;");
+      for (const CacheEntry* e : fill) scalar(*e, j);
+      w_.Close();
+      w_.Close();
+    }
+    w_.Close();
+  }
+  w_.Close();
+  w_.Line("kiln_cuda::cp_async_wait_all();");
+}
+
+std::string CudaKernelEmitter::Slot(const std::string& array) const {
+  if (smem_arrays_.count(array)) {
+    if (smem_vec_) {
+      const std::string chunk = array == local_vec_array_
+                                    ? local_vec_
+                                    : absl::StrCat(array, "[kiln_e * ", group_, " + kiln_lane]");
+      return absl::StrCat(chunk, ".v[", (lane_ < 0 ? 0 : lane_), "]");
+    }
+    const std::string slot =
+        width_ == 1 ? "kiln_e" : absl::StrCat("(kiln_e * ", width_, " + ", (lane_ < 0 ? 0 : lane_), ")");
+    return absl::StrCat(array, "[", slot, " * ", group_, " + kiln_lane]");
+  }
+  return width_ == 1 ? absl::StrCat(array, "[kiln_e]")
+                     : absl::StrCat(array, "[kiln_e * ", width_, " + ", (lane_ < 0 ? 0 : lane_), "]");
+}
+
+std::string CudaKernelEmitter::SlotValue(const std::string& array) const {
+  auto smem = smem_arrays_.find(array);
+  if (smem == smem_arrays_.end() || !kernel::IsHalfType(smem->second)) return Slot(array);
+  Buffer b;
+  b.dtype = smem->second;
+  return Widen(b, Slot(array));
+}
+
+}  // namespace kiln::codegen::internal

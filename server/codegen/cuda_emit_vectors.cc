@@ -1,0 +1,227 @@
+// CudaKernelEmitter (cuda_kernel_emitter.h): vector plans along one variable (aligned, or shifted
+// to each row's alignment) and the emission of a vector's lanes.
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/functional/function_ref.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/types/optional.h"
+#include "server/codegen/cuda_kernel_emitter.h"
+#include "server/codegen/exp_reuse.h"
+#include "server/kernel/kernel_ir.h"
+
+namespace kiln::codegen::internal {
+
+namespace {
+
+using Accesses = std::vector<std::pair<Buffer, Index>>;
+
+// The unmasked loads and the stores of `stmts` whose index `keep` admits, and the vector width
+// of 16 bytes of the widest element among them (at most 8 lanes; 0 when there are none).
+template <typename Keep>
+int VectorCandidates(const std::vector<Stmt>& stmts, Keep keep, Accesses* loads, Accesses* stores) {
+  for (const ExprNode* l : LoadsOf(stmts)) {
+    if (l->args.empty() && keep(l->index)) loads->emplace_back(l->buffer, l->index);
+  }
+  for (const Stmt& s : stmts) {
+    if (s.kind == StmtKind::kStore && keep(s.index)) stores->emplace_back(s.buffer, s.index);
+  }
+  int widest = 0;
+  for (const Accesses* list : {loads, stores}) {
+    for (const auto& [b, i] : *list) widest = std::max(widest, kernel::ScalarTypeBytes(b.dtype));
+  }
+  return widest == 0 ? 0 : std::min(8, 16 / widest);
+}
+
+}  // namespace
+
+VecPlan CudaKernelEmitter::PlanVector(const std::vector<Stmt>& stmts, const Var& x) {
+  VecPlan plan;
+  if (!cuda_.vectorize) return plan;
+  Accesses loads, stores;
+  const int width = VectorCandidates(
+      stmts, [&](const Index& index) { return ConstStride(index, x) == absl::optional<int64_t>(1); }, &loads,
+      &stores);
+  if (width <= 1) return plan;
+  std::set<std::string> checks;
+  auto admit = [&](const Buffer& b, const Index& index, std::map<std::string, VecAccess>* into,
+                   const char* prefix) {
+    const std::string key = AccessKey(b, index);
+    if (into->count(key)) return;
+    std::vector<std::string> mine;
+    const absl::optional<int64_t> off = index.offset.AsConst();
+    if (off) {
+      if (*off % width != 0) return;
+    } else {
+      mine.push_back(absl::StrCat("(", SizeCode(index.offset), ") % ", width, " == 0"));
+    }
+    for (const IndexTerm& t : index.terms) {
+      if (t.var == x) continue;
+      const absl::optional<int64_t> st = t.stride.AsConst();
+      if (st) {
+        if (*st % width != 0) return;
+      } else {
+        mine.push_back(absl::StrCat(SizeCode(t.stride), " % ", width, " == 0"));
+      }
+    }
+    mine.push_back(absl::StrCat("kiln_cuda::aligned(b", b.index, ", ",
+                                width * kernel::ScalarTypeBytes(b.dtype), ")"));
+    for (std::string& c : mine) checks.insert(std::move(c));
+    (*into)[key] = VecAccess{b, index, absl::StrCat(prefix, into->size())};
+  };
+  for (const auto& [b, i] : loads) admit(b, i, &plan.loads, "kiln_lv");
+  for (const auto& [b, i] : stores) admit(b, i, &plan.stores, "kiln_sv");
+  if (plan.loads.empty() && plan.stores.empty()) return VecPlan();
+  plan.width = width;
+  plan.checks.assign(checks.begin(), checks.end());
+  return plan;
+}
+
+VecPlan CudaKernelEmitter::PlanShiftedVector(const std::vector<Stmt>& stmts, const Var& x) {
+  VecPlan plan;
+  if (!cuda_.vectorize) return plan;
+  Accesses loads, stores;
+  auto candidate = [&](const Index& index) {
+    if (ConstStride(index, x) != absl::optional<int64_t>(1) || !index.offset.AsConst()) return false;
+    for (const IndexTerm& t : index.terms) {
+      if (!t.stride.AsConst()) return false;
+    }
+    return true;
+  };
+  const int width = VectorCandidates(stmts, candidate, &loads, &stores);
+  if (width <= 1) return plan;
+  const auto& [anchor_buffer, anchor_index] = loads.empty() ? stores.front() : loads.front();
+  // The coefficient of every variable but x, and the offset, modulo the width.
+  auto residues = [&](const Index& index) {
+    std::map<std::string, int64_t> r;
+    r["offset"] = (*index.offset.AsConst() % width + width) % width;
+    for (const IndexTerm& t : index.terms) {
+      if (t.var == x) continue;
+      int64_t& v = r[kernel::VarName(t.var)];
+      v = ((v + *t.stride.AsConst()) % width + width) % width;
+    }
+    for (auto it = r.begin(); it != r.end();) it = it->second == 0 && it->first != "offset" ? r.erase(it) : ++it;
+    return r;
+  };
+  const std::map<std::string, int64_t> anchor_residues = residues(anchor_index);
+  std::set<std::string> checks;
+  auto admit = [&](const Buffer& b, const Index& index, std::map<std::string, VecAccess>* into,
+                   const char* prefix) {
+    const std::string key = AccessKey(b, index);
+    if (into->count(key) || residues(index) != anchor_residues) return;
+    if (b.index != anchor_buffer.index) {
+      checks.insert(absl::StrCat("kiln_cuda::misalign(b", b.index, ", ", width,
+                                 ") == kiln_cuda::misalign(b", anchor_buffer.index, ", ", width, ")"));
+    }
+    (*into)[key] = VecAccess{b, index, absl::StrCat(prefix, into->size())};
+  };
+  for (const auto& [b, i] : loads) admit(b, i, &plan.loads, "kiln_lv");
+  for (const auto& [b, i] : stores) admit(b, i, &plan.stores, "kiln_sv");
+  std::vector<IndexTerm> rest;
+  for (const IndexTerm& t : anchor_index.terms) {
+    if (!(t.var == x)) rest.push_back(t);
+  }
+  plan.width = width;
+  plan.checks.assign(checks.begin(), checks.end());
+  plan.shift = absl::StrCat("static_cast<idx_t>((kiln_cuda::misalign(b", anchor_buffer.index, ", ",
+                            width, ") + (", IndexCode(kernel::MakeIndex(anchor_index.offset, rest)),
+                            ") % ", width, ") % ", width, ")");
+  return plan;
+}
+
+std::string CudaKernelEmitter::VecFlag(const VecPlan& plan) {
+  if (plan.width <= 1) return "false";
+  return plan.checks.empty() ? "true" : absl::StrJoin(plan.checks, " && ");
+}
+
+void CudaKernelEmitter::EmitVectorLanes(const std::vector<Stmt>& stmts, const VecPlan& full_plan,
+                                        const Var& x, const std::string& base,
+                                        absl::FunctionRef<void(const std::string&)> lane_decl) {
+  // Only the accesses of these statements; none for loads that come from cached registers.
+  VecPlan plan;
+  plan.width = full_plan.width;
+  for (const ExprNode* l : LoadsOf(stmts)) {
+    const std::string key = AccessKey(l->buffer, l->index);
+    auto it = full_plan.loads.find(key);
+    if (it == full_plan.loads.end()) continue;
+    auto cached = cache_.find(key);
+    if (cached != cache_.end() && cached->second.first_phase != phase_ && !smem_vec_) continue;
+    plan.loads.insert(*it);
+  }
+  for (const Stmt& s : stmts) {
+    if (s.kind != StmtKind::kStore) continue;
+    auto it = full_plan.stores.find(AccessKey(s.buffer, s.index));
+    if (it != full_plan.stores.end()) plan.stores.insert(*it);
+  }
+  w_.Open("");
+  w_.Linef("const idx_t ", kernel::VarName(x), " = ", base, ";");
+  for (const auto& [key, a] : plan.loads) {
+    auto cached = cache_.find(key);
+    if (smem_vec_ && cached != cache_.end()) {
+      // kSharedRow's vector rows: the chunk's slot in shared memory, read once.
+      w_.Linef("const kiln_cuda::Vec<", SmemType(a.buffer.dtype), ", ", plan.width, "> ", a.name,
+               " = ", cached->second.name, "[kiln_e * ", group_, " + kiln_lane];");
+      continue;
+    }
+    w_.Linef("const kiln_cuda::Vec<", StorageType(a.buffer.dtype), ", ", plan.width, "> ", a.name,
+             " = kiln_cuda::load_vec<", plan.width, ">(b", a.buffer.index, " + (",
+             IndexCode(a.index), "));");
+  }
+  for (const auto& [key, a] : plan.stores) {
+    w_.Linef("kiln_cuda::Vec<", StorageType(a.buffer.dtype), ", ", plan.width, "> ", a.name, ";");
+  }
+  plan_ = &plan;
+  for (int j = 0; j < plan.width; ++j) {
+    w_.Open("");
+    lane_decl(absl::StrCat(base, " + ", j));
+    EmitLane(j, stmts);
+    w_.Close();
+  }
+  plan_ = nullptr;
+  for (const auto& [key, a] : plan.stores) {
+    w_.Linef("kiln_cuda::store_vec<", plan.width, ">(b", a.buffer.index, " + (", IndexCode(a.index),
+             "), ", a.name, ");");
+  }
+  w_.Close();
+}
+
+void CudaKernelEmitter::EmitLane(int j, const std::vector<Stmt>& stmts) {
+  lane_ = j;
+  filled_.clear();
+  PushScope();
+  SeedScope();
+  for (const Stmt& s : stmts) EmitCudaStmt(s);
+  PopScope();
+  lane_ = -1;
+}
+
+void CudaKernelEmitter::EmitShiftedChunk(const std::vector<Stmt>& stmts, const VecPlan& plan,
+                                         int64_t total) {
+  const int width = plan.width;
+  w_.Open(absl::StrCat("if (kiln_rb >= 0 && kiln_rb + ", width, " <= ", total, ")"));
+  EmitVectorLanes(stmts, plan, Var{VarKind::kReduce, 0}, "kiln_rb", [&](const std::string& value) {
+    w_.Linef("const idx_t kiln_r = ", value, ";");
+    w_.Line("const idx_t r0 = kiln_r;");
+  });
+  w_.Close();
+  w_.Open(absl::StrCat("else if (kiln_rb < ", total, ")"));
+  for (int j = 0; j < width; ++j) {
+    w_.Open("");
+    w_.Linef("const idx_t kiln_r = kiln_rb + ", j, ";");
+    w_.Open(absl::StrCat("if (kiln_r >= 0 && kiln_r < ", total, ")"));
+    w_.Line("const idx_t r0 = kiln_r;");
+    EmitLane(j, stmts);
+    w_.Close();
+    w_.Close();
+  }
+  w_.Close();
+}
+
+}  // namespace kiln::codegen::internal

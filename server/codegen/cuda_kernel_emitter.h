@@ -1,0 +1,265 @@
+#ifndef KILN_SERVER_CODEGEN_CUDA_KERNEL_EMITTER_H_
+#define KILN_SERVER_CODEGEN_CUDA_KERNEL_EMITTER_H_
+
+// Internal to the CUDA emitter, not part of its API (that is cuda_emitter.h): the class that emits
+// one kernel as a CUDA function, shared by the files that implement it, one per layout or concern:
+//   cuda_kernel_emitter.cc     construction, the function head and its 32-bit instance, the
+//                              expression and statement spellings, the helpers below;
+//   cuda_emit_vectors.cc       vector plans along one variable (aligned and shifted) and lanes;
+//   cuda_emit_pointwise.cc     kPointwise (grid-stride, vectorized) and kTiled (shared tiles);
+//   cuda_emit_row_layout.cc    the choice among the row layouts, with cuda_long_rows.h's facts;
+//   cuda_emit_rows.cc          the row layouts' loops, accumulators and register row caches;
+//   cuda_emit_shared_rows.cc   kSharedRow's row cache in shared memory (cp.async fill) and the
+//                              slots of a row cache;
+//   cuda_emit_all_reduce.cc    the all-reduce of each layout and the two-pass statistics' pass B.
+
+#include <cstdint>
+#include <map>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/functional/function_ref.h"
+#include "absl/types/optional.h"
+#include "server/codegen/cpu_emitter.h"
+#include "server/codegen/cuda_emitter.h"
+#include "server/codegen/cuda_long_rows.h"
+#include "server/kernel/kernel_ir.h"
+
+namespace kiln::codegen::internal {
+
+// Internal namespace: short names for the kernel IR in every file of the emitter.
+using kernel::AccKind;
+using kernel::Accumulator;
+using kernel::Buffer;
+using kernel::Expr;
+using kernel::ExprKind;
+using kernel::ExprNode;
+using kernel::Index;
+using kernel::IndexTerm;
+using kernel::Kernel;
+using kernel::ScalarType;
+using kernel::Size;
+using kernel::Stmt;
+using kernel::StmtKind;
+using kernel::Var;
+using kernel::VarKind;
+
+constexpr int kColumnPoints = 32;    // kColumn: consecutive outer points per block
+constexpr int kRowsBlock = 256;      // kWarpPerRow block size
+constexpr int kThreadsPerSm = 2048;
+
+Size Product(const std::vector<Size>& sizes);
+
+// The constant stride of `var` in `index` (0 when absent), or nullopt when it is not constant.
+absl::optional<int64_t> ConstStride(const Index& index, const Var& var);
+
+// The load nodes of the values of `stmts`, each node once, in post-order (masks first).
+std::vector<const ExprNode*> LoadsOf(const std::vector<Stmt>& stmts);
+
+struct VecAccess {
+  Buffer buffer;
+  Index index;
+  std::string name;
+};
+
+// The vector accesses of a statement list along `x`: width (1: none) and the accesses that may
+// move as one vector, each with its run-time conditions.
+struct VecPlan {
+  int width = 1;
+  std::map<std::string, VecAccess> loads;   // by AccessKey
+  std::map<std::string, VecAccess> stores;  // by AccessKey
+  std::vector<std::string> checks;          // run-time conditions, ANDed into kiln_vec
+  // Rows whose static length is not a multiple of the width (PlanShiftedVector): every access in
+  // the plan is as far past a vector boundary as the anchor, `shift` elements at x = 0 (code over
+  // the outer variables); a row's vectors start `shift` elements early, its first and last
+  // chunks are scalar.
+  std::string shift;
+};
+
+class CudaKernelEmitter : public CpuKernelEmitter {
+ public:
+  CudaKernelEmitter(const Kernel& kernel, int index, const CudaEmitOptions& options);
+
+  const CudaLaunch& launch() const { return launch_; }
+
+ protected:
+  static CpuEmitOptions CpuOptions();
+
+  bool Allows32BitIndices() const override { return true; }  // cheaper on GPUs
+
+  // Helper spellings: the shared expression code names kiln_cpu:: and std:: functions; the CUDA
+  // helpers (kernels/cuda) provide the same names in kiln_cuda::.
+  static std::string Retarget(const std::string& code);
+  std::string ConstCode(const ExprNode& e) const override;
+  std::string UnaryCode(kernel::UnaryOp op, ScalarType t, const std::string& x) const override;
+  std::string BinaryCode(kernel::BinaryOp op, ScalarType t, const std::string& a,
+                         const std::string& b) const override;
+  bool BoolStoredAsBytes() const override { return false; }  // NVRTC kernels keep `bool`
+  std::string CastCode(ScalarType from, ScalarType to, const std::string& x) const override;
+
+  std::string Widen(const Buffer& b, const std::string& raw) const;
+  std::string Narrow(const Buffer& b, const std::string& v) const;
+
+  std::string LoadCode(const Buffer& b, const std::string& index) const override;
+  std::string LoadExprCode(const ExprNode& e) override;
+
+  void EmitFunction() override;
+  std::string KernelAttributes() const;
+  std::string SmemDeclaration() const;
+
+  // What cuda_long_rows.h needs to know about this row kernel of static length `total`.
+  ClusterRowFacts LongRowFacts(int64_t total, absl::optional<int64_t> rows, bool* shifted_rows,
+                               int* shifted_width);
+  ClusterRowLimits LongRowLimits(bool shifted_rows, int shifted_width) const;
+  // kSharedRow's shape for a row kernel of static length `total` (cuda_long_rows.h), or nullopt.
+  absl::optional<SharedRowChoice> ChooseShared(int64_t total, absl::optional<int64_t> rows);
+  // kClusterRow's shape for a row kernel of static length `total` (cuda_long_rows.h), or nullopt;
+  // for nullopt, *row_grid = the grid cap of an uncached block per row (UncachedRowGrid; 0: none).
+  absl::optional<ClusterRowChoice> ChooseCluster(int64_t total, absl::optional<int64_t> rows,
+                                                 int block, int64_t* row_grid);
+
+  // A run-time condition on the scalars under which 32-bit indices are safe: the work and every
+  // buffer's size, plus kIndexSlack, fit in int32 (evaluated in double: exact below 2^53, and no
+  // overflow). "" when some size is not a polynomial in the scalars the emitter can evaluate.
+  std::string Int32Check() const;
+
+ private:
+  struct RowLoad {
+    int first_phase = 0;
+    int phases = 0;                  // phases that read it; > 1: it recurs (the row cache's arrays)
+    const ExprNode* node = nullptr;  // the last of its nodes
+  };
+  struct CacheEntry {
+    std::string name;
+    int first_phase = 0;
+    const ExprNode* load = nullptr;  // the cached load
+  };
+  // An online-softmax or Welford accumulator whose phase keeps its values in registers: pass A
+  // stores each value (or finds it in a row cache) and folds the max / the sum, an all-reduce,
+  // pass B folds sum(exp(x - max)) / sum((x - mean)^2) over the registers, an all-reduce.
+  struct TwoPass {
+    std::string array;          // kiln_a<id>, or the row cache holding the same load
+    bool reuses_cache = false;
+    int phase = 0;              // the phase folding it
+    std::string key;            // reuses_cache: the load's AccessKey
+    // Online softmax over a row cache whose later phases read the load only inside
+    // exp(x - max): pass B overwrites the cache with those exps, which these nodes then read.
+    std::vector<const ExprNode*> exp_nodes;
+  };
+
+  // ---- vector plans (cuda_emit_vectors.cc) ----
+  VecPlan PlanVector(const std::vector<Stmt>& stmts, const Var& x);
+  // Rows of a static length that is not a multiple of the vector width (a 50257 vocabulary): the
+  // unmasked accesses contiguous along `x` whose distance to the anchor (the first of them, a load
+  // when there is one) is a multiple of the width in every row (constant offset and strides), and
+  // whose pointer is as far past a width boundary as the anchor's (run-time check). Each row then
+  // moves in aligned vectors from `shift` elements before its start; accesses left out (a layer
+  // norm's weight, aligned while the rows are not) stay scalar within the vector lanes.
+  VecPlan PlanShiftedVector(const std::vector<Stmt>& stmts, const Var& x);
+  std::string VecFlag(const VecPlan& plan);
+  // Emits `stmts` for `width` consecutive values of `x` from `base` (a declared name): vector
+  // loads, one scope per lane, vector stores. `lane_decl` declares the lane's variables given the
+  // lane's value expression (e.g. "kiln_base + 2").
+  void EmitVectorLanes(const std::vector<Stmt>& stmts, const VecPlan& full_plan, const Var& x,
+                       const std::string& base,
+                       absl::FunctionRef<void(const std::string&)> lane_decl);
+  // The statements for vector lane `j` (its loads and stores through the vector plan), in a scope
+  // of their own.
+  void EmitLane(int j, const std::vector<Stmt>& stmts);
+  // A chunk of a shifted row (PlanShiftedVector) from kiln_rb = its first element (-kiln_sh for
+  // the row's first chunk): one vector per access when the chunk lies within the row, else a
+  // scalar lane per element that does (the row's first and last chunks).
+  void EmitShiftedChunk(const std::vector<Stmt>& stmts, const VecPlan& plan, int64_t total);
+
+  void EmitCudaStmt(const Stmt& s);
+
+  // ---- pointwise (cuda_emit_pointwise.cc) ----
+  std::string GlobalThread() const;
+  void EmitPointwise();
+  // Loads contiguous along o{k-2} (y) but strided along the innermost o{k-1} (x), where the
+  // stores are contiguous: a block handles a kTile x kTileX tile of (y, x); each such load is
+  // staged through a padded shared tile (warps read it coalesced along y), then every thread
+  // computes one (y, x) point per step with lanes along x (stores coalesced). Constant y and x
+  // extents only; the tail tiles are bounds-checked. False (nothing emitted) when no load needs it.
+  bool EmitTiled();
+
+  // ---- rows: layout choice (cuda_emit_row_layout.cc) ----
+  bool IsColumnReduction() const;
+  // The layout of a row kernel of `rows` outer points (total_c: its static reduction length),
+  // and what comes with it: launch_ (but the final max_grid of row layouts, set by EmitRows),
+  // group_, smem_bytes_, and the long rows' shape.
+  void ChooseRowLayout(const Size& rows, absl::optional<int64_t> total_c);
+  // The unmasked loads along the reduction, by AccessKey.
+  std::map<std::string, RowLoad> RowLoads() const;
+  // Loads along the reduction that recur in a later phase (the row cache's arrays); with
+  // `element_bytes`, the bytes of one element of each of them, summed.
+  int RecurringLoads(int64_t* element_bytes = nullptr) const;
+
+  // ---- rows (cuda_emit_rows.cc) ----
+  void EmitRows();
+  // One row (outer point) with a vector width of plan.width along r0.
+  // cache = false: no register cache and no two-pass statistics (loads read in every phase).
+  void EmitRow(const VecPlan& plan, bool cache = true);
+  // r0..r{m-1} from the flat kiln_r (row-major). The remainder is written as rr - q * e, not
+  // rr % e: NVRTC 13.0 (cicc) crashes (SIGSEGV) on `%` here in some warp-per-row kernels (e.g.
+  // layer norm backward's weight gradient), and the quotient form costs nothing.
+  void EmitReduceDecompose();
+
+  // ---- row caches and kSharedRow (cuda_emit_shared_rows.cc) ----
+  // kSharedRow's vector rows: fills the slots of the cached loads first read in this phase before
+  // it. A chunk within the row moves by one asynchronous copy (cp.async) per load, straight into
+  // its slot; the row's first and last chunks of shifted rows go element by element (lanes outside
+  // the row are left as they are: every read of them is skipped). A thread fills only the slots it
+  // reads back later (chunk-major, its own), so no barrier: only a wait for its copies.
+  void EmitSharedFill(const VecPlan& plan, int64_t chunks, int64_t total);
+  // The register of `array` for the current chunk and vector lane (kSharedRow: its shared-memory
+  // slot, slot-major over the block's threads).
+  std::string Slot(const std::string& array) const;
+  // The value in Slot(array): f16/bf16 shared slots widened.
+  std::string SlotValue(const std::string& array) const;
+  // A shared row cache slot's type and bytes: f16/bf16 as bit patterns.
+  std::string SmemType(ScalarType t) const {
+    return kernel::IsHalfType(t) ? "uint16_t" : ValueType(t);
+  }
+  static int64_t SmemBytes(ScalarType t) {
+    return kernel::IsHalfType(t) ? 2 : kernel::ScalarTypeBytes(t);
+  }
+
+  // ---- all-reduces and two-pass statistics (cuda_emit_all_reduce.cc) ----
+  // Plans the exp reuse of every online-softmax two-pass accumulator that may have it.
+  void PlanExpReuse();
+  // In a later phase's element scope: the exp(x - max) nodes read the overwritten cache.
+  void SeedScope();
+  // Pass B of the two-pass accumulators folded in `stmts`, and the all-reduces of every
+  // accumulator the phase folded.
+  void EmitAllReduces(const std::vector<Stmt>& stmts, int64_t chunks, int64_t total);
+
+  const CudaEmitOptions cuda_;
+  int num_sms_ = 132;
+  CudaLongRows long_rows_ = CudaLongRows::kAuto;  // this kernel's (options.kernel_long_rows)
+  int64_t row_grid_ = 0;  // kBlockPerRow: the grid cap of uncached long rows (0: none)
+  int shared_blocks_per_sm_ = 1;  // kSharedRow: blocks per SM by shared memory (launch bounds)
+  std::map<std::string, ScalarType> smem_arrays_;  // kSharedRow: cache arrays in shared memory
+  bool smem_vec_ = false;  // kSharedRow's vector rows: Vec slots filled by EmitSharedFill
+  std::string local_vec_array_, local_vec_;  // pass B: a shared array's chunk read into a local
+  CudaLaunch launch_;
+  int group_ = 1;        // threads per row
+  int smem_bytes_ = 0;   // static shared memory for the all-reduce
+  int pub_offset_ = 0;   // kClusterRow: where the published slots start in kiln_smem
+  int width_ = 1;        // vector width of the row path being emitted
+  bool shifted_ = false;  // the row path being emitted has shifted vectors (PlanShiftedVector)
+  int lane_ = -1;        // the vector lane being emitted, or -1
+  int phase_ = -1;       // the phase being emitted, or -1
+  const VecPlan* plan_ = nullptr;
+  std::map<std::string, CacheEntry> cache_;  // by AccessKey
+  std::map<int, TwoPass> two_pass_;          // by accumulator id, in the row being emitted
+  std::map<std::string, std::string> tiles_;  // staged loads of a tiled kernel, by AccessKey
+  bool tiled_ = false;                        // emitting the compute step of a tiled kernel
+  std::set<std::string> filled_;             // cache slots written in the current lane
+};
+
+}  // namespace kiln::codegen::internal
+
+#endif  // KILN_SERVER_CODEGEN_CUDA_KERNEL_EMITTER_H_
