@@ -203,6 +203,10 @@ absl::Status CheckFlagValues() {
   if (absl::GetFlag(FLAGS_max_queued_requests) < 1) {
     return absl::InvalidArgumentError("--max_queued_requests must be at least 1");
   }
+  if (absl::GetFlag(FLAGS_compile_timeout) <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        "--compile_timeout must be positive (the time one compiler process may take, e.g. 2m)");
+  }
   if (absl::GetFlag(FLAGS_idle_exit_after) < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("--idle_exit_after must not be negative");
   }

@@ -355,6 +355,7 @@ TEST(KilndTest, StartupProblemsGiveOneClearLineAndNonZeroExit) {
       {{"--log_format=xml"}, "log_format"},
       {{"--no_such_flag=1"}, "no_such_flag"},
       {{"--request_threads=0"}, "request_threads"},
+      {{"--compile_timeout=0s"}, "--compile_timeout must be positive"},
   };
   for (const Case& c : cases) {
     std::vector<std::string> args = c.args;
