@@ -14,7 +14,7 @@ import textwrap
 import pytest
 import torch
 
-from kiln import cuda_graphs, executor, proto, runtime, testing
+from kiln import _exec_kernels, _exec_workspace, cuda_graphs, executor, proto, runtime, testing
 from kiln.executor import CudaLaunchSpec, PlanError, PlanExecutor
 
 PV = proto.PlanValue
@@ -147,9 +147,9 @@ def test_launch_tables_are_built_once_and_filled_per_call(no_device_guard, monke
     rt = FakeRuntime()
     ex = PlanExecutor(artifact_of(two_binary_plan()), proto.Graph(), runtime_loader=lambda: rt)
     monkeypatch.setattr(executor._Program, "_device_of", lambda self, i: torch.device("cpu"))
-    monkeypatch.setattr(executor, "_IS_CUDA", lambda t: True)
+    monkeypatch.setattr(_exec_kernels, "_IS_CUDA", lambda t: True)
     streams = []
-    monkeypatch.setattr(executor, "_current_stream", lambda device: streams.append(device) or 7)
+    monkeypatch.setattr(_exec_kernels, "_current_stream", lambda device: streams.append(device) or 7)
     device = torch.device("cuda", 2)
     program = executor._Program(ex, device, {})
     modules = ex.cuda_modules(device)
@@ -170,7 +170,7 @@ def test_launch_tables_are_built_once_and_filled_per_call(no_device_guard, monke
     assert len(rt.tables) == 2 and len(rt.runs) == 6
     assert out.shape == (8,) and out2.shape == (8,)
     # Arguments that may live elsewhere (inputs, aten results) are checked per call.
-    monkeypatch.setattr(executor, "_IS_CUDA", lambda t: t.data_ptr() != b.data_ptr())
+    monkeypatch.setattr(_exec_kernels, "_IS_CUDA", lambda t: t.data_ptr() != b.data_ptr())
     with pytest.raises(PlanError, match="kernel kiln_kernel_0: argument v1 is on cpu, not on cuda:2"):
         program([a, b])
     assert len(rt.runs) == 6
@@ -217,10 +217,10 @@ def gemm_program(plan, monkeypatch, unsupported, ws_on_cuda=False):
     rt.unsupported = unsupported
     ex = PlanExecutor(artifact_of(plan), proto.Graph(), runtime_loader=lambda: rt)
     monkeypatch.setattr(executor._Program, "_device_of", lambda self, i: torch.device("cpu"))
-    monkeypatch.setattr(executor, "_IS_CUDA", lambda t: True)
-    monkeypatch.setattr(executor, "_current_stream", lambda device: 7)
+    monkeypatch.setattr(_exec_kernels, "_IS_CUDA", lambda t: True)
+    monkeypatch.setattr(_exec_kernels, "_current_stream", lambda device: 7)
     if ws_on_cuda:
-        monkeypatch.setattr(executor, "_is_cuda_device", lambda device: True)
+        monkeypatch.setattr(_exec_workspace, "_is_cuda_device", lambda device: True)
     return rt, executor._Program(ex, torch.device("cuda", 2), {})
 
 
@@ -262,7 +262,7 @@ def test_workspace_values_reach_kernels_and_gemms_as_pointers(no_device_guard, m
     if not unsupported:  # (torch's GEMMs make views of their own)
         assert len(strided) == (0 if ws_on_cuda else 2 * 2)  # d and its view per call
     if not ws_on_cuda:  # per-call device check of the tensor path
-        monkeypatch.setattr(executor, "_IS_CUDA", lambda t: t.dim() != 1)
+        monkeypatch.setattr(_exec_kernels, "_IS_CUDA", lambda t: t.dim() != 1)
         with pytest.raises(PlanError, match="kernel kiln_kernel_0: argument v4 is on cpu, not on cuda:2"):
             program([torch.randn(4, 8), torch.randn(8, 3), torch.randn(3, 5)])
 
@@ -312,7 +312,7 @@ def test_views_of_inputs_and_step_results_reach_kernels_and_gemms_as_pointers(no
             torch.testing.assert_close(got, args[0] @ args[1].t())
     if not unsupported:  # (torch's GEMMs make views of their own)
         assert strided == []
-    monkeypatch.setattr(executor, "_IS_CUDA", lambda t: t.shape != (4, 8) or t.data_ptr() != args[0].data_ptr())
+    monkeypatch.setattr(_exec_kernels, "_IS_CUDA", lambda t: t.shape != (4, 8) or t.data_ptr() != args[0].data_ptr())
     args = [torch.randn(4, 8), torch.randn(3, 8)]
     with pytest.raises(PlanError, match="is not on cuda:2|argument v0 is on cpu"):
         program(args)

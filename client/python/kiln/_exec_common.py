@@ -1,0 +1,66 @@
+"""What kiln.executor's modules share: PlanError, the warning-once helper, and the small builders of
+per-call instructions (_getter, _raiser, ...) that _Program and its mixins (kiln._exec_workspace,
+kiln._exec_aten, kiln._exec_kernels) use. Nothing here imports those modules."""
+
+import logging
+import operator
+import threading
+
+import torch
+
+from kiln import proto
+
+log = logging.getLogger("kiln")
+
+_PV = proto.PlanValue
+_warned = set()
+_warned_lock = threading.Lock()
+
+
+def _warn_once(key, message):
+    with _warned_lock:
+        if key in _warned:
+            return
+        _warned.add(key)
+    log.warning("kiln: %s", message)
+
+
+class PlanError(RuntimeError):
+    """The plan is malformed or does not match the tensors it runs on."""
+
+
+PlanError.__module__ = "kiln.executor"  # public as kiln.executor.PlanError (tracebacks, pickling)
+
+
+def _itemsize(dtype):
+    return torch.empty((), dtype=dtype).element_size()
+
+
+_Tensor = torch.Tensor
+_data_ptr = torch.Tensor.data_ptr
+
+
+def _getter(indices):
+    """env -> the tuple (env[i] for i in indices)."""
+    if len(indices) == 1:
+        i = indices[0]
+        return lambda env: (env[i],)
+    return operator.itemgetter(*indices)
+
+
+def _raiser(make_error):
+    """An instruction that raises make_error() (a fresh exception per call)."""
+
+    def fail(env):
+        raise make_error()
+
+    return fail
+
+
+def _again(error):
+    """A factory of copies of `error` (raising one instance on every call would grow its traceback)."""
+    return lambda: type(error)(*error.args)
+
+
+def _plan_error(message):
+    return lambda: PlanError(message)
