@@ -279,7 +279,7 @@ def test_dynamic_shapes_one_graph_for_several_batch_sizes(server, tmp_path):
 
 def test_kernels_read_views_of_aten_results_without_a_tensor_per_call(server, monkeypatch):
     # The GEMMs run as torch steps on CPU; the kernels read slices of their results (and of an
-    # input at an offset) through pointers (executor._view_pointer): no as_strided per call.
+    # input at an offset) through pointers (_Program._view_pointer): no as_strided per call.
     def fn(x, w, v):
         h = x @ w
         return (h[:, 2:] * 2 + v[1:, 3:]).relu(), (h[1:, :4] - 1).exp()
