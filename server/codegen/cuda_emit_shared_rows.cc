@@ -55,17 +55,9 @@ void CudaKernelEmitter::EmitSharedFill(const VecPlan& plan, int64_t chunks, int6
   }
   w_.Close();
   if (shifted_) {
-    w_.Open(absl::StrCat("else if (kiln_rb < ", total, ")"));
-    for (int j = 0; j < width; ++j) {
-      w_.Open("");
-      w_.Linef("const idx_t kiln_r = kiln_rb + ", j, ";");
-      w_.Open(absl::StrCat("if (kiln_r >= 0 && kiln_r < ", total, ")"));
-      w_.Line("const idx_t r0 = kiln_r;");
+    EmitShiftedTail(width, total, [&](int j) {
       for (const CacheEntry* e : fill) scalar(*e, j);
-      w_.Close();
-      w_.Close();
-    }
-    w_.Close();
+    });
   }
   w_.Close();
   w_.Line("kiln_cuda::cp_async_wait_all();");

@@ -211,13 +211,17 @@ void CudaKernelEmitter::EmitShiftedChunk(const std::vector<Stmt>& stmts, const V
     w_.Line("const idx_t r0 = kiln_r;");
   });
   w_.Close();
+  EmitShiftedTail(width, total, [&](int j) { EmitLane(j, stmts); });
+}
+
+void CudaKernelEmitter::EmitShiftedTail(int width, int64_t total, absl::FunctionRef<void(int)> lane) {
   w_.Open(absl::StrCat("else if (kiln_rb < ", total, ")"));
   for (int j = 0; j < width; ++j) {
     w_.Open("");
     w_.Linef("const idx_t kiln_r = kiln_rb + ", j, ";");
     w_.Open(absl::StrCat("if (kiln_r >= 0 && kiln_r < ", total, ")"));
     w_.Line("const idx_t r0 = kiln_r;");
-    EmitLane(j, stmts);
+    lane(j);
     w_.Close();
     w_.Close();
   }

@@ -172,6 +172,9 @@ class CudaKernelEmitter : public CpuKernelEmitter {
   // the row's first chunk): one vector per access when the chunk lies within the row, else a
   // scalar lane per element that does (the row's first and last chunks).
   void EmitShiftedChunk(const std::vector<Stmt>& stmts, const VecPlan& plan, int64_t total);
+  // The `else if` after a shifted chunk's vector branch: lane by lane, each lane's element
+  // checked against [0, total); `lane(j)` emits lane j's work.
+  void EmitShiftedTail(int width, int64_t total, absl::FunctionRef<void(int)> lane);
 
   void EmitCudaStmt(const Stmt& s);
 
