@@ -548,10 +548,12 @@ def compile_child(args):
         pass
     step = make(wrap)
     with gm.capture_kiln_warnings() as w:
+        before = gm.dynamo_seconds()
         t1 = time.perf_counter()
         step()
         gm.sync(args.device)
         res["first_s"] = time.perf_counter() - t1
+        res["split"] = gm.split_seconds(before, gm.dynamo_seconds())
         times = []
         for _ in range(5):
             t2 = time.perf_counter()
@@ -622,7 +624,10 @@ def section_c(args, kilnd_binary, problems):
         "(one-time process costs: the backend's modules and worker pools, Triton's driver stubs, kiln's "
         "runtime library load), not included. compile = first call - steady call. Inductor cold: empty TORCHINDUCTOR_CACHE_DIR "
         "(remote caches off); warm: new process, same dir. kiln cold: new kilnd, empty --cache_dir; warm: "
-        "new process, same kilnd (memory tier); warm (disk): kilnd restarted on the same cache dir.")
+        "new process, same kilnd (memory tier); warm (disk): kilnd restarted on the same cache dir. "
+        "Warm first call split: torch's compile-time records (Dynamo's frame compile without the backend / "
+        "the backend call: AOTAutograd and the compiler or cache behind it; the backward's compile at the "
+        "first backward is in neither).")
     log("")
     client_cache = os.environ["KILN_CACHE_DIR"]
     try:
@@ -642,10 +647,11 @@ def section_c(args, kilnd_binary, problems):
                            "kiln warm s", "kiln faster (warm)", "kiln warm (disk) s", "compile s Ind./kiln (cold)",
                            "steady ms Ind./kiln", "import s", "prime s Ind./kiln (cold)",
                            "kiln graphs cold; warm; disk (c=compiled h=hit e=eager)",
-                           "Inductor FX cache cold; warm (h=hit m=miss)", "kilnd phases, cold (s)"])
+                           "Inductor FX cache cold; warm (h=hit m=miss)", "kilnd phases, cold (s)",
+                           "warm first call: Dynamo trace / backend s, Ind.; kiln"])
     for wl in names:
         if over_budget(args, EST_C.get(wl, 60), "c"):
-            rows.append([wl] + ["-"] * 12 + ["skipped: --time-budget"])
+            rows.append([wl] + ["-"] * 14 + ["skipped: --time-budget"])
             args.skipped.append(f"(c) {wl}")
             continue
         res = {}
@@ -711,6 +717,10 @@ def section_c(args, kilnd_binary, problems):
         def sec(x):
             return f"{x:.2f}" if x is not None else "-"
 
+        def split(key):  # where a first call's time went (gm.split_seconds), the rest is running it
+            sp = ok.get(key, {}).get("split") or {}
+            return f"{sec(sp['trace_s'])} / {sec(sp['backend_s'])}" if sp else "-"
+
         def tgt(x, t):
             if x is None:
                 return "-"
@@ -732,7 +742,8 @@ def section_c(args, kilnd_binary, problems):
                      f"{min(imports):.1f}-{max(imports):.1f}" if imports else "-",
                      f"{sec(f('ind_cold', 'prime_s'))} / {sec(f('kiln_cold', 'prime_s'))}",
                      f"{kinfo('kiln_cold')}; {kinfo('kiln_warm')}; {kinfo('kiln_disk')}",
-                     f"{icache('ind_cold')}; {icache('ind_warm')}", server])
+                     f"{icache('ind_cold')}; {icache('ind_warm')}", server,
+                     f"{split('ind_warm')}; {split('kiln_warm')}"])
         for k in ("kiln_cold",):
             if k in ok and ok[k].get("kiln", {}).get("warnings"):
                 for wmsg in dict.fromkeys(ok[k]["kiln"]["warnings"]):

@@ -714,6 +714,27 @@ def sync(device):
         torch.cuda.synchronize()
 
 
+def dynamo_seconds():
+    """torch's own compile-time records so far, summed: {"dynamo": Dynamo's frame compiles,
+    "backend": of which the backend calls (AOTAutograd and the compiler behind it)}; {} where this
+    torch keeps none. The difference of two calls around a first call splits its time."""
+    try:
+        from torch._dynamo.utils import compilation_time_metrics as m
+    except Exception:
+        return {}
+    return {"dynamo": sum(m.get("_compile.compile_inner", [])),
+            "backend": sum(m.get("OutputGraph.call_user_compiler", []))}
+
+
+def split_seconds(before, after):
+    """{"trace_s": Dynamo without the backend, "backend_s": the backend} between two
+    dynamo_seconds() records, or {} when either is empty."""
+    if not before or not after:
+        return {}
+    backend = after["backend"] - before["backend"]
+    return {"trace_s": after["dynamo"] - before["dynamo"] - backend, "backend_s": backend}
+
+
 def time_calls(fn, device, iters, warmup=3):
     """Median and min ms per call. CUDA: events recorded around each call, enqueued back to back
     (host overhead shows whenever the host is slower than the GPU); CPU: perf_counter per call."""
