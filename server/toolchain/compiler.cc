@@ -10,11 +10,10 @@
 #include <sstream>
 #include <thread>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/strip.h"
-#include "absl/strings/ascii.h"
 #include "server/base/status_macros.h"
 #include "server/toolchain/subprocess.h"
 
