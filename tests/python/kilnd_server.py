@@ -16,7 +16,7 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 # developer's environment cannot change what they test.
 CLIENT_ENV = ("KILN_SERVER", "KILN_FALLBACK", "KILN_CACHE_ONLY", "KILN_DEBUG", "KILN_DEBUG_DIR",
               "KILN_CUDA_GRAPHS", "KILN_CPU_ISA", "KILN_DETERMINISTIC", "KILN_DISABLE_FUSION",
-              "KILN_PREFETCH_BACKWARD")
+              "KILN_PREFETCH_BACKWARD", "KILN_AOT_CACHE")
 
 
 def fresh_kiln(monkeypatch):

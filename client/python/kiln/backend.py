@@ -41,6 +41,7 @@ import warnings
 import grpc
 import torch
 
+from kiln import aot_cache
 from kiln import debug as debug_mod
 from kiln import options as options_mod
 from kiln import proto
@@ -90,6 +91,9 @@ def kiln_backend(gm, example_inputs, options=None, mode=None, **unused):
     session = _Session(opts, fn)
     aot = make_aot(session.compiler, prefetch_backward=session.prefetch_backward)
     try:
+        if session.aot_cached:
+            with aot_cache.caching(session):
+                return aot(gm, example_inputs)
         return aot(gm, example_inputs)
     except Exception as e:
         if _is_dynamo_control_flow(e) or isinstance(e, KilnError) or opts.fallback == "error":
@@ -271,12 +275,14 @@ class _Session:
     def __init__(self, opts, fn):
         self.opts = opts
         self.fn = fn
+        # Option aot_cache: AOTAutograd caches this frame's graphs (kiln.aot_cache).
+        self.aot_cached = opts.aot_cache and aot_cache.available()
 
     def compiler(self, kind):
         def compile_fn(gm, example_inputs):
             graph = CompiledGraph(self, gm, example_inputs, kind)
             graph.prepare()
-            return graph.boxed()
+            return aot_cache.output_code(graph) if self.aot_cached else graph.boxed()
 
         return compile_fn
 

@@ -19,6 +19,7 @@
 | disable_fusion            | KILN_DISABLE_FUSION            | False (CompileOptions.disable_fusion)    |
 | cuda_graphs               | KILN_CUDA_GRAPHS               | False (True: CUDA plans replay captured CUDA graphs, kiln.cuda_graphs) |
 | prefetch_backward         | KILN_PREFETCH_BACKWARD         | True (a training graph's backward is sent to Compile when the partitioner makes it, not at the first backward) |
+| aot_cache                 | KILN_AOT_CACHE                 | False (experimental: AOTAutograd's cache keeps kiln's graphs, so a new process skips AOTAutograd: kiln.aot_cache) |
 
 Booleans accept 1/0, true/false, yes/no, on/off. Unknown option names are an error (a typo must not
 silently change nothing). This module does not import torch.
@@ -93,6 +94,7 @@ class Options:
     disable_fusion: bool = False
     cuda_graphs: bool = False
     prefetch_backward: bool = True
+    aot_cache: bool = False
 
     @property
     def embedded(self):
@@ -119,6 +121,7 @@ _ENV = {
     "disable_fusion": "KILN_DISABLE_FUSION",
     "cuda_graphs": "KILN_CUDA_GRAPHS",
     "prefetch_backward": "KILN_PREFETCH_BACKWARD",
+    "aot_cache": "KILN_AOT_CACHE",
 }
 ENV_VARS = dict(_ENV)
 

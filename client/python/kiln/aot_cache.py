@@ -1,0 +1,129 @@
+"""Experimental (option ``aot_cache``, KILN_AOT_CACHE=1): kiln's graphs in AOTAutograd's cache, so
+that a new process skips AOTAutograd (the joint trace and the min-cut partitioner) for a graph it
+has seen, as Inductor's warm start does. Dynamo still traces.
+
+How: kiln's forward/backward/inference compilers return a ``KilnOutputCode`` (torch's
+``torch._inductor.output_code.OutputCode`` interface, as torch's regional_inductor does) and the
+AOTAutograd call runs under ``torch._functorch.config`` force_autograd_cache,
+bundled_autograd_cache and force_non_lazy_backward_lowering: AOTAutograd looks the Dynamo graph up
+in its on-disk cache (torch's cache dir, TORCHINDUCTOR_CACHE_DIR) before tracing, and stores the
+bundled result (its runtime metadata and our objects, pickled) after compiling. A KilnOutputCode
+pickles to its aten graph (torch.fx's GraphPickler); when AOTAutograd loads it, ``post_compile``
+makes a CompiledGraph of it with the options of the kiln call that is loading it (so the target and
+options are the current ones, not the saved ones) and asks kilnd for its plan: a kilnd cache hit,
+or a compile when the artifact is gone. Anything that fails there makes AOTAutograd bypass its cache
+and compile as without this option.
+
+Checked with torch 2.13 (the development machine's): `available()` says whether this torch has
+the pieces; where it does not, the option does nothing.
+"""
+
+import contextlib
+import contextvars
+import copy
+import functools
+import pickle
+
+_CONFIG = {"force_autograd_cache": True, "bundled_autograd_cache": True,
+           "force_non_lazy_backward_lowering": True}
+
+# The kiln call (its _Session) that is running AOTAutograd now: what a loaded graph is compiled for.
+_SESSION = contextvars.ContextVar("kiln_aot_cache_session", default=None)
+
+
+@functools.lru_cache(maxsize=None)
+def available():
+    """Whether this torch has what the option needs (OutputCode and the three config flags)."""
+    try:
+        import torch._functorch.config as config
+        from torch._inductor.output_code import OutputCode  # noqa: F401
+    except Exception:
+        return False
+    return all(hasattr(config, name) for name in _CONFIG)
+
+
+@contextlib.contextmanager
+def caching(session):
+    """Around one AOTAutograd call of kiln's backend: the cache flags on, `session` current."""
+    import torch
+
+    token = _SESSION.set(session)
+    try:
+        with torch._functorch.config.patch(_CONFIG):
+            yield
+    finally:
+        _SESSION.reset(token)
+
+
+def output_code(graph):
+    """`graph` (a prepared CompiledGraph) as what AOTAutograd caches."""
+    return _output_code_class()(graph)
+
+
+@functools.lru_cache(maxsize=None)
+def _output_code_class():
+    from torch._inductor.output_code import OutputCode
+
+    class KilnOutputCode(OutputCode):
+        """A kiln CompiledGraph, boxed calling convention; pickles to its aten graph."""
+
+        def __init__(self, graph):
+            super().__init__()
+            self._boxed_call = True
+            self._graph = graph
+            self._kind = graph.kind
+            self._serialized = None
+
+        def __call__(self, inputs):
+            return self._graph(inputs)
+
+        def prepare_for_serialization(self):
+            if self._serialized is None and self._graph is not None:
+                from torch.fx._graph_pickler import GraphPickler, Options
+
+                try:
+                    self._serialized = GraphPickler.dumps(self._graph.gm, Options(ops_filter=None))
+                except Exception as e:  # AOTAutograd then skips storing this entry, nothing else
+                    raise pickle.PicklingError(f"kiln: cannot pickle the graph: {type(e).__name__}: {e}") from e
+
+        def post_compile(self, example_inputs, constants, graph_kwargs):
+            if self._graph is not None:
+                return
+            from torch._guards import detect_fake_mode
+            from torch._subclasses.fake_tensor import FakeTensorMode
+            from torch.fx._graph_pickler import GraphPickler
+
+            from kiln import backend
+
+            session = _SESSION.get()
+            if session is None or self._serialized is None:
+                raise RuntimeError("kiln: a cached kiln graph loaded outside kiln's backend")
+            gm = GraphPickler.loads(self._serialized, detect_fake_mode(example_inputs) or FakeTensorMode())
+            gm.recompile()
+            inputs = [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
+            graph = backend.CompiledGraph(session, gm, inputs, self._kind)  # the frame loading it
+            graph.prepare()
+            self._graph = graph
+
+        def set_triton_bundle(self, triton_bundle):
+            pass
+
+        def __getstate__(self):
+            self.prepare_for_serialization()
+            state = dict(self.__dict__)
+            state["_graph"] = None  # rebuilt by post_compile
+            return state
+
+        def __deepcopy__(self, memo):
+            return copy.copy(self)  # AOTAutograd copies before pickling: share the live graph
+
+    KilnOutputCode.__module__ = __name__
+    KilnOutputCode.__qualname__ = "KilnOutputCode"
+    return KilnOutputCode
+
+
+def __getattr__(name):
+    """kiln.aot_cache.KilnOutputCode, made on first use (pickle finds the class by this name)."""
+    if name == "KilnOutputCode" and available():
+        return _output_code_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,50 @@
+"""Child process of test_backend_aot_cache.py: one training step and one inference call of a small
+block through torch.compile(backend="kiln") with the option aot_cache, compared with eager; prints
+one JSON line (AOTAutograd's cache counters, kiln's stats, whether the results matched)."""
+import json
+import sys
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import kiln
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.ln = nn.LayerNorm(32)
+        self.fc = nn.Linear(32, 32)
+
+    def forward(self, x):
+        return F.gelu(self.fc(self.ln(x))).softmax(-1)
+
+
+def main():
+    from torch._dynamo.utils import counters
+
+    torch.manual_seed(0)
+    model = Block()
+    x = torch.randn(8, 32, requires_grad=True)
+    compiled = torch.compile(model, backend="kiln", options={"server": sys.argv[1], "aot_cache": True})
+    out = compiled(x)
+    out.sum().backward()
+    grad = x.grad.clone()
+    x.grad = None
+    want = model(x)
+    want.sum().backward()
+    with torch.no_grad():
+        y = torch.randn(8, 32)
+        inference_ok = torch.allclose(compiled(y), model(y), atol=1e-5, rtol=1e-5)
+    s = kiln.stats()
+    print(json.dumps({
+        "aot": dict(counters["aot_autograd"]),
+        "match": bool(torch.allclose(out, want, atol=1e-5, rtol=1e-5)
+                      and torch.allclose(grad, x.grad, atol=1e-5, rtol=1e-5) and inference_ok),
+        "compiles": s["compiles"], "hits": s["hits"], "fallbacks": s["graph_fallbacks"], "plan_calls": s["plan_calls"],
+    }))
+
+
+if __name__ == "__main__":
+    main()

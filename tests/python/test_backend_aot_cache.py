@@ -1,0 +1,43 @@
+"""Option aot_cache (kiln.aot_cache): AOTAutograd's cache keeps kiln's graphs, so that a second
+process skips AOTAutograd for them and still runs kiln's plans (kilnd cache hits), matching eager.
+Each run is a fresh process (aot_cache_child.py) against one real kilnd, sharing a torch cache dir."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from kiln import aot_cache
+from kilnd_server import Kilnd
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+pytestmark = pytest.mark.skipif(not aot_cache.available(),
+                                reason="this torch lacks OutputCode or the AOTAutograd cache flags")
+
+
+def run_child(address, torch_cache):
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=torch_cache)
+    env.pop("KILN_SERVER", None)
+    p = subprocess.run([sys.executable, os.path.join(HERE, "aot_cache_child.py"), address],
+                       capture_output=True, text=True, env=env, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def test_a_second_process_loads_kiln_graphs_from_aotautograds_cache(tmp_path):
+    server = Kilnd()
+    try:
+        first = run_child(server.address, str(tmp_path / "torch-cache"))
+        second = run_child(server.address, str(tmp_path / "torch-cache"))
+    finally:
+        assert server.stop() == 0
+    for run in (first, second):
+        assert run["match"] and run["fallbacks"] == 0 and run["plan_calls"] >= 3, run
+    # First process: AOTAutograd traced and stored the training and inference graphs' results.
+    assert first["aot"].get("autograd_cache_miss", 0) >= 2 and first["aot"].get("autograd_cache_saved", 0) >= 2, first
+    # Second: loaded from that cache, no AOTAutograd trace; kiln's plans came from kilnd's cache.
+    assert second["aot"].get("autograd_cache_hit", 0) >= 2, second
+    assert second["aot"].get("autograd_cache_miss", 0) == 0, second
+    assert second["compiles"] == 0 and second["hits"] >= 3, second
