@@ -482,7 +482,10 @@ def main():
                 if args.quick:
                     cmd.append("--quick")
                 _progress(f"{child} compile process")
-                p = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
+                # kiln's graphs outside Inductor's fresh caches (option aot_cache keeps them in
+                # AOTAutograd's cache): one dir for this run's cold and warm processes only.
+                env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=os.path.join(tmp, "torch-kiln"))
+                p = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=env)
                 if p.returncode != 0:
                     print(f"!!! {child} process failed (exit {p.returncode}):\n{p.stderr[-4000:]}")
                     continue

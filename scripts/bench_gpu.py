@@ -664,6 +664,9 @@ def section_c(args, kilnd_binary, problems):
         kcache = os.path.join(kdir, "cache")
         kenv = dict(os.environ)
         kenv.pop("KILN_SERVER", None)
+        # With --kiln-option aot_cache=1, AOTAutograd's cache keeps kiln's graphs: a fresh dir
+        # shared by this workload's kiln processes only, so that "cold" is cold.
+        kenv["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(kdir, "torch")
         kd = None
         try:
             kd = gm.Kilnd(kilnd_binary, kdir, cache_dir=kcache, flags=args.kilnd_flag)
