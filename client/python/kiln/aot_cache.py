@@ -27,6 +27,9 @@ import pickle
 _CONFIG = {"force_autograd_cache": True, "bundled_autograd_cache": True,
            "force_non_lazy_backward_lowering": True}
 
+# The node metadata a pickled graph keeps: what kiln's serializer reads (kiln.serialize).
+_META_KEYS = frozenset({"val", "tensor_meta", "stack_trace", "nn_module_stack", "seq_nr"})
+
 # The kiln call (its _Session) that is running AOTAutograd now: what a loaded graph is compiled for.
 _SESSION = contextvars.ContextVar("kiln_aot_cache_session", default=None)
 
@@ -81,10 +84,23 @@ def _output_code_class():
             if self._serialized is None and self._graph is not None:
                 from torch.fx._graph_pickler import GraphPickler, Options
 
+                gm = self._graph.gm
+                # Only the metadata kiln's serializer reads; nn_module_stack's module classes (a
+                # model's local classes do not pickle) become their names for the time of dumps.
+                stacks = [(n, n.meta["nn_module_stack"]) for n in gm.graph.nodes
+                          if isinstance(n.meta.get("nn_module_stack"), dict)]
                 try:
-                    self._serialized = GraphPickler.dumps(self._graph.gm, Options(ops_filter=None))
+                    for n, stack in stacks:
+                        n.meta["nn_module_stack"] = {
+                            k: (v[0], getattr(v[1], "__qualname__", str(v[1]))) if isinstance(v, tuple) and len(v) == 2
+                            else str(v) for k, v in stack.items()}
+                    self._serialized = GraphPickler.dumps(
+                        gm, Options(ops_filter=None, node_metadata_key_filter=_META_KEYS.__contains__))
                 except Exception as e:  # AOTAutograd then skips storing this entry, nothing else
                     raise pickle.PicklingError(f"kiln: cannot pickle the graph: {type(e).__name__}: {e}") from e
+                finally:
+                    for n, stack in stacks:
+                        n.meta["nn_module_stack"] = stack
 
         def post_compile(self, example_inputs, constants, graph_kwargs):
             if self._graph is not None:
