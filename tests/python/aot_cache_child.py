@@ -11,21 +11,32 @@ import torch.nn.functional as F
 import kiln
 
 
-class Block(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.ln = nn.LayerNorm(32)
-        self.fc = nn.Linear(32, 32)
+def make_block():
+    class Inner(nn.Module):  # a local class in the graphs' nn_module_stack: must still pickle
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(32, 32)
 
-    def forward(self, x):
-        return F.gelu(self.fc(self.ln(x))).softmax(-1)
+        def forward(self, x):
+            return F.gelu(self.fc(x))
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln = nn.LayerNorm(32)
+            self.inner = Inner()
+
+        def forward(self, x):
+            return self.inner(self.ln(x)).softmax(-1)
+
+    return Block()
 
 
 def main():
     from torch._dynamo.utils import counters
 
     torch.manual_seed(0)
-    model = Block()
+    model = make_block()
     x = torch.randn(8, 32, requires_grad=True)
     compiled = torch.compile(model, backend="kiln", options={"server": sys.argv[1], "aot_cache": True})
     out = compiled(x)
