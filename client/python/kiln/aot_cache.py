@@ -76,6 +76,7 @@ def _output_code_class():
             self._graph = graph
             self._kind = graph.kind
             self._serialized = None
+            self._graph_bytes = None
 
         def __call__(self, inputs):
             return self._graph(inputs)
@@ -96,6 +97,8 @@ def _output_code_class():
                             else str(v) for k, v in stack.items()}
                     self._serialized = GraphPickler.dumps(
                         gm, Options(ops_filter=None, node_metadata_key_filter=_META_KEYS.__contains__))
+                    if self._graph.graph_proto is not None:  # what kiln sent: loads without the gm
+                        self._graph_bytes = self._graph.graph_proto.SerializeToString()
                 except Exception as e:  # AOTAutograd then skips storing this entry, nothing else
                     raise pickle.PicklingError(f"kiln: cannot pickle the graph: {type(e).__name__}: {e}") from e
                 finally:
@@ -107,18 +110,25 @@ def _output_code_class():
                 return
             from torch._guards import detect_fake_mode
             from torch._subclasses.fake_tensor import FakeTensorMode
-            from torch.fx._graph_pickler import GraphPickler
 
-            from kiln import backend
+            from kiln import backend, proto
 
             session = _SESSION.get()
             if session is None or self._serialized is None:
                 raise RuntimeError("kiln: a cached kiln graph loaded outside kiln's backend")
-            gm = GraphPickler.loads(self._serialized, detect_fake_mode(example_inputs) or FakeTensorMode())
-            gm.recompile()
-            inputs = [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
-            graph = backend.CompiledGraph(session, gm, inputs, self._kind)  # the frame loading it
-            graph.prepare()
+            graph = _loaded_graph_class()(session, self._kind, self._serialized,
+                                          detect_fake_mode(example_inputs) or FakeTensorMode())
+            if self._graph_bytes is not None:
+                # The graph kiln sent, for this process's target and options; the aten graph is
+                # unpickled only if something needs it (an eager fallback, constants, a new
+                # specialization): unpickling is most of a load's time.
+                sent = proto.Graph.FromString(self._graph_bytes)
+                opts = session.opts
+                request = backend.request_for_graph(opts, sent, backend.target_for_graph(sent, opts), opts.timeout)
+                graph.prepare_request(request, _LazyModule(graph))
+            else:
+                graph.example_inputs = [n.meta.get("val") for n in graph.gm.graph.nodes if n.op == "placeholder"]
+                graph.prepare()
             self._graph = graph
 
         def set_triton_bundle(self, triton_bundle):
@@ -136,6 +146,46 @@ def _output_code_class():
     KilnOutputCode.__module__ = __name__
     KilnOutputCode.__qualname__ = "KilnOutputCode"
     return KilnOutputCode
+
+
+class _LazyModule:
+    """Stands for a loaded graph's GraphModule where CompiledGraph takes one: unpickles it on first
+    use (attributes of it, e.g. a constant)."""
+
+    def __init__(self, graph):
+        self._graph = graph
+
+    def __getattr__(self, name):
+        return getattr(self._graph.gm, name)
+
+
+@functools.lru_cache(maxsize=None)
+def _loaded_graph_class():
+    from torch.fx._graph_pickler import GraphPickler
+
+    from kiln import backend
+
+    class LoadedGraph(backend.CompiledGraph):
+        """A CompiledGraph loaded from AOTAutograd's cache: its `gm` is unpickled on first use."""
+
+        def __init__(self, session, kind, pickled, fake_mode):
+            self._pickled, self._fake_mode, self._gm = pickled, fake_mode, None
+            super().__init__(session, None, [], kind)
+
+        @property
+        def gm(self):
+            if self._gm is None and self._pickled is not None:
+                gm = GraphPickler.loads(self._pickled, self._fake_mode)
+                gm.recompile()
+                self._gm, self._pickled = gm, None
+            return self._gm
+
+        @gm.setter
+        def gm(self, value):
+            if value is not None:
+                self._gm = value
+
+    return LoadedGraph
 
 
 def __getattr__(name):

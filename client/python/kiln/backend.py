@@ -281,6 +281,7 @@ class _Session:
     def compiler(self, kind):
         def compile_fn(gm, example_inputs):
             graph = CompiledGraph(self, gm, example_inputs, kind)
+            graph.keep_graph_proto = self.aot_cached
             graph.prepare()
             return aot_cache.output_code(graph) if self.aot_cached else graph.boxed()
 
@@ -479,6 +480,8 @@ class CompiledGraph:
         self.retries = 0
         self.retry_at = 0.0
         self.request = None
+        self.keep_graph_proto = False  # kiln.aot_cache: keep the kiln.v1.Graph sent (graph_proto)
+        self.graph_proto = None
         self._address = None  # the server last called
         self._eager_signatures = set()
         self._lock = threading.Lock()
@@ -495,14 +498,22 @@ class CompiledGraph:
                           f"({type(e).__name__}: {_short(e)}). This is a kiln limitation or bug; "
                           "report it with the KILN_DEBUG=1 folder.", gm=self.gm)
             return
+        if self.keep_graph_proto:
+            self.graph_proto = self.request.graph
+        self.prepare_request(self.request, self.gm)
+
+    def prepare_request(self, request, gm):
+        """prepare() for a request already built (gm: the graph, or what stands for it until an
+        error or a constant needs it: kiln.aot_cache)."""
+        self.request = request
         try:
-            spec = self._compile(self.request, self.gm)
+            spec = self._compile(self.request, gm)
         except KilnError:
             raise
         except Exception as e:  # a bug in kiln itself must not break training
             self._give_up("client_error", f"{self.name} runs eagerly: kiln failed while compiling it "
                           f"({type(e).__name__}: {_short(e)}). Report it with the KILN_DEBUG=1 folder.",
-                          gm=self.gm)
+                          gm=gm)
             return
         if spec is not None:
             self.specs.append(spec)
@@ -944,9 +955,19 @@ def target_for(example_inputs, opts):
     """The kiln.v1.Target for a graph whose inputs are `example_inputs`."""
     for t in example_inputs:
         if isinstance(t, torch.Tensor) and t.device.type == "cuda":
-            index = t.device.index if t.device.index is not None else 0
-            major, minor = torch.cuda.get_device_capability(index)
-            return proto.Target(device=proto.DEVICE_KIND_CUDA, cuda_arch=f"sm_{major}{minor}")
+            return _device_target(t.device, opts)
+    return _device_target(torch.device("cpu"), opts)
+
+
+def target_for_graph(graph, opts):
+    """The kiln.v1.Target for a serialized graph (kiln.proto.Graph), by its first tensor input."""
+    return _device_target(graph_device(graph) or torch.device("cpu"), opts)
+
+
+def _device_target(device, opts):
+    if device.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(device.index if device.index is not None else 0)
+        return proto.Target(device=proto.DEVICE_KIND_CUDA, cuda_arch=f"sm_{major}{minor}")
     return proto.Target(device=proto.DEVICE_KIND_CPU, cpu_isa=opts.cpu_isa or detect_cpu_isa())
 
 
