@@ -40,6 +40,12 @@ _Tensor = torch.Tensor
 _data_ptr = torch.Tensor.data_ptr
 
 
+def _span(sizes, strides):
+    """Elements a tensor of these sizes and (non-negative) strides spans from its first: 0 when
+    it has none."""
+    return sum((s - 1) * st for s, st in zip(sizes, strides)) + 1 if all(sizes) else 0
+
+
 def _getter(indices):
     """env -> the tuple (env[i] for i in indices)."""
     if len(indices) == 1:

@@ -9,7 +9,7 @@ import operator
 
 import torch
 
-from kiln._exec_common import _PV, _data_ptr, _getter, _itemsize, _plan_error, _raiser
+from kiln._exec_common import _PV, _data_ptr, _getter, _itemsize, _plan_error, _raiser, _span
 
 # The storages a view's pointer may be computed from (_Program._view_pointer).
 _VIEW_POINTER_ROOTS = (_PV.STORAGE_INPUT, _PV.STORAGE_OUTPUT, _PV.STORAGE_CONSTANT, _PV.STORAGE_STEP)
@@ -31,7 +31,7 @@ class _WorkspaceMixin:
         sizes, strides = meta
         size = _itemsize(dtype)
         offset = self.ex.values[i].offset
-        extent = sum((s - 1) * st for s, st in zip(sizes, strides)) + 1 if all(sizes) else 0
+        extent = _span(sizes, strides)
         if offset + extent * size > ws_bytes:
             return _raiser(_plan_error(f"value v{i}: {extent * size} bytes at workspace offset {offset} "
                                        f"overflow the {ws_bytes}-byte workspace"))
@@ -89,28 +89,24 @@ class _WorkspaceMixin:
         place = self._ws_places.get(i, _MISSING)
         if place is not _MISSING:
             return place
-        values, chain, j = self.ex.values, [], i
-        while values[j].storage == _PV.STORAGE_VIEW:
-            chain.append(j)
-            j = values[j].index
+        values, chain = self.ex.values, self.ex._view_chain(i)
+        root = chain[-1]
         place = None
-        if values[j].storage == _PV.STORAGE_WORKSPACE:
-            root, dtype = j, self.ex._dtypes[j]
+        if values[root].storage == _PV.STORAGE_WORKSPACE:
+            dtype = self.ex._dtypes[root]
             size, ws_bytes = _itemsize(dtype), self.ex.plan.workspace_bytes
             element = values[root].offset // size
             fits = True
-            for j in [root, *reversed(chain)]:
+            for j in reversed(chain):  # the root, then each view down to i
                 if j != root:
                     element += values[j].offset
                 meta = self.metas[j]
                 if isinstance(meta, Exception) or element < 0 or any(st < 0 for st in meta[1]):
                     fits = False
                     break
-                if all(meta[0]):
-                    extent = sum((s - 1) * st for s, st in zip(*meta)) + 1
-                    if (element + extent) * size > ws_bytes:
-                        fits = False
-                        break
+                if all(meta[0]) and (element + _span(*meta)) * size > ws_bytes:
+                    fits = False
+                    break
             if fits:
                 place = (root, dtype, size, element, *self.metas[i])
         self._ws_places[i] = place
@@ -166,27 +162,20 @@ class _WorkspaceMixin:
         and elements, down to an input, output, constant or aten result (a workspace root is
         _pointer's), and its elements lie inside its root's. Emits the root's instructions.
         Else None."""
-        ex, values = self.ex, self.ex.values
-        chain, j, element = [], i, 0
-        while values[j].storage == _PV.STORAGE_VIEW and len(chain) < len(values):
-            chain.append(j)
-            element += values[j].offset
-            j = values[j].index
-            if not 0 <= j < len(values):
-                return None
-        if not chain or values[j].storage not in _VIEW_POINTER_ROOTS:
+        values, chain = self.ex.values, self.ex._view_chain(i)
+        root, views = chain[-1], chain[:-1]
+        if not views or values[root].storage not in _VIEW_POINTER_ROOTS:
             return None
-        metas = [self.metas[k] for k in (j, *chain)]
+        metas = [self.metas[k] for k in chain]
         if any(isinstance(m, Exception) or not all(m[0]) or any(st < 0 for st in m[1]) for m in metas):
             return None
-        if any(values[k].offset < 0 for k in chain):
+        if any(values[k].offset < 0 for k in views):
             return None
-        root_extent = sum((sz - 1) * st for sz, st in zip(*metas[0])) + 1
-        extent = sum((sz - 1) * st for sz, st in zip(*metas[1])) + 1
-        if element + extent > root_extent:
+        element = sum(values[k].offset for k in views)
+        if element + _span(*metas[0]) > _span(*metas[-1]):
             return None
-        self._need(j)
-        return (j, element * _itemsize(ex._dtypes[j]))
+        self._need(root)
+        return (root, element * _itemsize(self.ex._dtypes[root]))
 
     def _view_tensor(self, i, root, byte_offset):
         """The instruction that gives view i its tensor straight from its root (what the chain of

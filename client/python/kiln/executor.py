@@ -211,9 +211,16 @@ class PlanExecutor:
             self.cuda_modules(device)  # load errors surface now, while the graph can still run eagerly
 
     def _root_of(self, i):
+        return self._view_chain(i)[-1]
+
+    def _view_chain(self, i):
+        """[i, the value i views, the value that one views, ... its root] (plan load refuses
+        views that form a cycle)."""
+        chain = [i]
         while self.values[i].storage == _PV.STORAGE_VIEW:
             i = self.values[i].index
-        return i
+            chain.append(i)
+        return chain
 
     # -- loading ------------------------------------------------------------------------------
 
@@ -283,13 +290,8 @@ class PlanExecutor:
         for a in step.args:
             if not 0 <= a < len(self.values):
                 raise PlanError(f"{where}: argument v{a} does not exist")
-            self._kernel_consumers.add(a)
-            seen = 0  # the roots of views read by kernels too: _view_pointer reads their pointers
-            while self.values[a].storage == _PV.STORAGE_VIEW and seen < len(self.values):
-                a, seen = self.values[a].index, seen + 1
-                if not 0 <= a < len(self.values):
-                    break
-                self._kernel_consumers.add(a)
+            # With the values it views, down to its root: _view_pointer reads the root's pointer.
+            self._kernel_consumers.update(self._view_chain(a))
         for s in step.scalar_args:
             if not 0 <= s < len(self.graph.symbols):
                 raise PlanError(f"{where}: scalar argument {s} is not a symbol of the graph")
