@@ -12,6 +12,7 @@ import torch
 
 import kiln
 import kiln.backend
+import kiln.requests
 from kiln import executor, proto, testing
 from kiln.executor import PlanExecutor
 from kiln.precompiler import _capture, _meta_clone, _to_meta, parse_target, rewrite_devices
@@ -39,7 +40,7 @@ def test_cuda_artifact_without_a_driver_runs_eagerly_with_one_warning(no_compile
     kilnd serves a CUDA artifact with a kernel step; loading it needs libcuda, which is absent
     (KILN_LIBCUDA_PATH names no library, so this holds on GPU machines too)."""
     monkeypatch.setenv("KILN_LIBCUDA_PATH", str(tmp_path / "no" / "libcuda.so.1"))
-    monkeypatch.setattr(kiln.backend, "target_for", lambda inputs, opts: SM90)
+    monkeypatch.setattr(kiln.requests, "target_for", lambda inputs, opts: SM90)
     opts = {"server": no_compile_server.address}
     x = torch.randn(4, 8)
     with warnings.catch_warnings(record=True):
@@ -159,7 +160,7 @@ def test_cuda_library_steps_run_with_torch_on_cpu_tensors(monkeypatch):
     nvrtc = nvrtc_library()
     if nvrtc is None:
         pytest.skip("no NVRTC library for kilnd's CUDA compiles")
-    monkeypatch.setattr(kiln.backend, "target_for", lambda inputs, opts: SM90)
+    monkeypatch.setattr(kiln.requests, "target_for", lambda inputs, opts: SM90)
     server = Kilnd(f"--nvrtc={nvrtc}")
     try:
         for name, fn, args in _gemms():

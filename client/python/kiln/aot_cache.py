@@ -111,7 +111,7 @@ def _output_code_class():
             from torch._guards import detect_fake_mode
             from torch._subclasses.fake_tensor import FakeTensorMode
 
-            from kiln import backend, proto
+            from kiln import proto, requests
 
             session = _SESSION.get()
             if session is None or self._serialized is None:
@@ -124,7 +124,7 @@ def _output_code_class():
                 # specialization): unpickling is most of a load's time.
                 sent = proto.Graph.FromString(self._graph_bytes)
                 opts = session.opts
-                request = backend.request_for_graph(opts, sent, backend.target_for_graph(sent, opts), opts.timeout)
+                request = requests.request_for_graph(opts, sent, requests.target_for_graph(sent, opts), opts.timeout)
                 graph.prepare_request(request, _LazyModule(graph))
             else:
                 graph.example_inputs = [n.meta.get("val") for n in graph.gm.graph.nodes if n.op == "placeholder"]

@@ -31,8 +31,6 @@ import itertools
 import logging
 import operator
 import os
-import platform
-import socket
 import sys
 import threading
 import time
@@ -49,12 +47,12 @@ from kiln import server as server_mod
 from kiln import counters as stats_mod
 from kiln.errors import KilnError, KilnWarning
 from kiln.guards import GuardFailure, InputGuard
+from kiln.requests import (_KIND_NAMES, _compile_request, detect_cpu_isa, graph_device,  # noqa: F401
+                           request_for_graph, target_for, target_for_graph)
 from kiln.runtime import RuntimeUnavailable
 
 log = logging.getLogger("kiln")
 
-_KIND_NAMES = {proto.GRAPH_KIND_FORWARD: "forward", proto.GRAPH_KIND_BACKWARD: "backward",
-               proto.GRAPH_KIND_INFERENCE: "inference"}
 _TRANSIENT = {"unavailable", "deadline_exceeded", "resource_exhausted", "server_start"}
 _MAX_RETRIES = 5
 
@@ -492,15 +490,15 @@ class CompiledGraph:
     def prepare(self):
         example_inputs, self.example_inputs = self.example_inputs, None  # not kept: fake tensors
         try:
-            self.request = self._build_request(self.gm, example_inputs)
+            request = self._build_request(self.gm, example_inputs)
         except Exception as e:
             self._give_up("serialize", f"{self.name} runs eagerly: kiln could not serialize it "
                           f"({type(e).__name__}: {_short(e)}). This is a kiln limitation or bug; "
                           "report it with the KILN_DEBUG=1 folder.", gm=self.gm)
             return
         if self.keep_graph_proto:
-            self.graph_proto = self.request.graph
-        self.prepare_request(self.request, self.gm)
+            self.graph_proto = request.graph
+        self.prepare_request(request, self.gm)
 
     def prepare_request(self, request, gm):
         """prepare() for a request already built (gm: the graph, or what stands for it until an
@@ -910,133 +908,6 @@ def _fallback(opts, cause, message, warn=True):
     if first and warn:
         warnings.warn("kiln: " + message, KilnWarning, stacklevel=4)
     log.info("kiln: %s", message)
-
-
-# -- request fields ---------------------------------------------------------------------------
-
-
-def _compile_request(opts, fn, kind, gm, example_inputs):
-    """The CompileRequest for graph `gm` of kind `kind` (GRAPH_KIND_*) of the function `fn`
-    (_FunctionInfo): every graph's, and the backward prefetch's, so that both are the same bytes."""
-    from kiln.serialize import serialize_graph
-
-    graph = serialize_graph(gm, example_inputs, kind=kind,
-                            debug_name=f"{_KIND_NAMES.get(kind, 'graph')} of {fn.location or 'graph'}"
-                                       f" {fn.compile_id}".strip())
-    return request_for_graph(opts, graph, target_for(example_inputs, opts), opts.timeout)
-
-
-def request_for_graph(opts, graph, target, timeout):
-    """The CompileRequest of a serialized graph with the options every sender sets (the backend,
-    its backward prefetch and kiln.precompile: the hashed ones must match for keys to match)."""
-    request = proto.CompileRequest(graph=graph, target=target)
-    request.options.deterministic = opts.deterministic
-    request.options.disable_fusion = opts.disable_fusion
-    request.options.keep_source = opts.debug
-    request.options.compile_timeout_ms = int(timeout * 1000)
-    request.client.CopyFrom(_client_info())
-    return request
-
-
-def graph_device(graph):
-    """The torch.device of a kiln.proto.Graph's first tensor placeholder (cuda:<index>; an unset
-    index is the current device), or None."""
-    for node in graph.nodes:
-        if node.op == proto.Node.OP_PLACEHOLDER and node.meta.HasField("tensor"):
-            device = node.meta.tensor.device
-            if device.kind == proto.DEVICE_KIND_CUDA:
-                return torch.device("cuda", device.index if device.index >= 0 else torch.cuda.current_device())
-            if device.kind == proto.DEVICE_KIND_CPU:
-                return torch.device("cpu")
-    return None
-
-
-def target_for(example_inputs, opts):
-    """The kiln.v1.Target for a graph whose inputs are `example_inputs`."""
-    for t in example_inputs:
-        if isinstance(t, torch.Tensor) and t.device.type == "cuda":
-            return _device_target(t.device, opts)
-    return _device_target(torch.device("cpu"), opts)
-
-
-def target_for_graph(graph, opts):
-    """The kiln.v1.Target for a serialized graph (kiln.proto.Graph), by its first tensor input."""
-    return _device_target(graph_device(graph) or torch.device("cpu"), opts)
-
-
-def _device_target(device, opts):
-    if device.type == "cuda":
-        major, minor = torch.cuda.get_device_capability(device.index if device.index is not None else 0)
-        return proto.Target(device=proto.DEVICE_KIND_CUDA, cuda_arch=f"sm_{major}{minor}")
-    return proto.Target(device=proto.DEVICE_KIND_CPU, cpu_isa=opts.cpu_isa or detect_cpu_isa())
-
-
-_CPU_ISA = None
-_X86_LEVELS = (
-    ("x86-64-v4", {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"}),
-    ("x86-64-v3", {"avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "abm", "movbe", "xsave"}),
-    ("x86-64-v2", {"cx16", "lahf_lm", "popcnt", "sse4_1", "sse4_2", "ssse3"}),
-)
-
-
-def detect_cpu_isa():
-    """The -march level this machine runs: x86-64-v2/v3/v4, armv8-a, else the machine name."""
-    global _CPU_ISA
-    if _CPU_ISA is not None:
-        return _CPU_ISA
-    machine = platform.machine().lower()
-    isa = machine or "unknown"
-    if machine in ("x86_64", "amd64"):
-        flags = set()
-        try:
-            with open("/proc/cpuinfo") as f:
-                for line in f:
-                    if line.startswith("flags"):
-                        flags = set(line.split(":", 1)[1].split())
-                        break
-        except OSError:
-            pass
-        isa = "x86-64"
-        for level, needed in reversed(_X86_LEVELS):
-            if needed <= flags:
-                isa = level
-            else:
-                break
-    elif machine in ("aarch64", "arm64"):
-        isa = "armv8-a"
-    _CPU_ISA = isa
-    return isa
-
-
-_CLIENT_INFO = None
-
-
-def _client_info():
-    global _CLIENT_INFO
-    if _CLIENT_INFO is None:
-        import kiln
-
-        info = proto.ClientInfo(kiln_version=kiln.__version__, torch_version=torch.__version__,
-                                python_version=platform.python_version(), hostname=socket.gethostname(),
-                                pid=os.getpid())
-        _CLIENT_INFO = info
-    info = proto.ClientInfo()
-    info.CopyFrom(_CLIENT_INFO)
-    info.pid = os.getpid()
-    rank = os.environ.get("RANK")
-    try:
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized():
-            rank = dist.get_rank()
-    except Exception:  # pragma: no cover
-        pass
-    if rank is not None:
-        try:
-            info.rank = int(rank)
-        except ValueError:
-            pass
-    return info
 
 
 def check_artifact(artifact):

@@ -92,7 +92,7 @@ def parse_target(target, opts=None):
             raise ValueError("precompile target cpu:native: name the ISA level (cpu:x86-64-v3); "
                              "native would make the key machine-dependent")
         if not detail:
-            from kiln.backend import detect_cpu_isa
+            from kiln.requests import detect_cpu_isa
 
             detail = (opts.cpu_isa if opts is not None else "") or detect_cpu_isa()
         return proto.Target(device=proto.DEVICE_KIND_CPU, cpu_isa=detail)
@@ -287,7 +287,7 @@ class _Sender:
             self.start_error = f"SERVER_START: {e}"
 
     def request(self, graph):
-        from kiln.backend import request_for_graph
+        from kiln.requests import request_for_graph
 
         return request_for_graph(self.opts, graph, self.target, self.timeout)
 
