@@ -35,7 +35,8 @@ class AdminService final : public kiln::v1::Admin::Service {
 
  private:
   // Checks one imported entry as kilnd checks its own: artifact checksum, and the key recomputed
-  // from the stored request with this server's limits and toolchain.
+  // from the stored request with this server's limits and toolchain. A package (packages.h) is
+  // accepted as it is: its data is opaque and its client key is not stored.
   absl::Status VerifyImported(const std::string& key, const std::string& record_bytes);
 
   const ServiceEnv* const env_;

@@ -10,6 +10,7 @@
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "server/cache/encoding.h"
 #include "server/graph/ir.h"
+#include "server/packages.h"
 
 namespace kiln {
 std::string TargetName(const kiln::v1::Target& target) {
@@ -115,6 +116,10 @@ void FillSummary(const cache::EntryMeta& meta, kiln::v1::EntrySummary* summary) 
 void FillEntry(const cache::EntryMeta& meta, const cache::EntryRecord& record,
                const kiln::v1::GetEntryRequest& request, kiln::v1::Entry* entry) {
   FillSummary(meta, entry->mutable_summary());
+  if (IsPackageRecord(record)) {  // opaque data: no graph, plan, sources, log or key record
+    entry->set_package_bytes(static_cast<int64_t>(record.Find(kPackageSection)->data.size()));
+    return;
+  }
   if (request.include_graph()) {
     if (const cache::EntrySection* s = record.Find("graph")) entry->set_graph_text(s->data);
   }

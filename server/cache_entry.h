@@ -3,7 +3,9 @@
 
 // What kilnd stores per cache key, and how admin reads it back.
 //
-// An entry is a cache::EntryRecord: the serialized kiln.v1.Artifact plus named sections:
+// A package (Compiler.PutPackage) is a record with no artifact and one section, "package" (see
+// packages.h). A compiled graph's entry is a cache::EntryRecord: the serialized kiln.v1.Artifact
+// plus named sections:
 //   "request"     the CompileRequest (graph, target, options; ClientInfo cleared), so that an
 //                 imported entry can be re-verified by recomputing its key
 //   "graph"       the readable graph (graph::PrintGraph)
@@ -47,7 +49,8 @@ cache::EntryRecord MakeEntryRecord(const graph::PreparedGraph& prepared,
 // format version, or its checksum does not match.
 absl::StatusOr<kiln::v1::Artifact> ReadArtifact(const cache::EntryRecord& record);
 
-// Fills an admin Entry from the store's metadata and record, honoring the include_* flags.
+// Fills an admin Entry from the store's metadata and record, honoring the include_* flags. For a
+// package (packages.h) only the summary and package_bytes.
 void FillEntry(const cache::EntryMeta& meta, const cache::EntryRecord& record,
                const kiln::v1::GetEntryRequest& request, kiln::v1::Entry* entry);
 

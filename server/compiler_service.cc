@@ -49,7 +49,7 @@ std::string OutcomeForStatus(const absl::Status& status) {
 }
 
 CompilerService::CompilerService(CompilerServiceOptions options, const ServiceEnv* env)
-    : options_(options), env_(env) {}
+    : options_(options), env_(env), packages_(options.max_package_bytes, env) {}
 
 grpc::ServerUnaryReactor* CompilerService::Compile(grpc::CallbackServerContext* context,
                                                    const grpc::ByteBuffer* request,
@@ -61,6 +61,18 @@ grpc::ServerUnaryReactor* CompilerService::Lookup(grpc::CallbackServerContext* c
                                                   const grpc::ByteBuffer* request,
                                                   grpc::ByteBuffer* response) {
   return Start(Method::kLookup, context, request, response);
+}
+
+grpc::ServerUnaryReactor* CompilerService::PutPackage(grpc::CallbackServerContext* context,
+                                                      const grpc::ByteBuffer* request,
+                                                      grpc::ByteBuffer* response) {
+  return packages_.Put(context, request, response);
+}
+
+grpc::ServerUnaryReactor* CompilerService::GetPackage(grpc::CallbackServerContext* context,
+                                                      const grpc::ByteBuffer* request,
+                                                      grpc::ByteBuffer* response) {
+  return packages_.Get(context, request, response);
 }
 
 grpc::ServerUnaryReactor* CompilerService::Start(Method method,
@@ -112,6 +124,10 @@ grpc::ServerUnaryReactor* CompilerService::Start(Method method,
 
 absl::Status CompilerService::CheckAlive(grpc::CallbackServerContext* context,
                                          const char* phase) const {
+  return CheckCallAlive(context, phase);
+}
+
+absl::Status CheckCallAlive(grpc::CallbackServerContext* context, const char* phase) {
   // The deadline first: gRPC also cancels a call whose deadline passed.
   if (absl::Now() >= DeadlineOf(context)) {
     return absl::DeadlineExceededError(
@@ -268,18 +284,19 @@ std::optional<std::string> CompilerService::ReadHit(const std::string& key,
 
 std::string SerializeWithArtifact(const CompileResponse& response, const std::string& artifact) {
   std::string out = response.SerializeAsString();
-  if (artifact.empty()) return out;
-  out.reserve(out.size() + artifact.size() + 11);
-  out.push_back(static_cast<char>((3 << 3) | 2));  // field 3 (artifact), length-delimited
-  for (uint64_t n = artifact.size(); ; n >>= 7) {   // varint length
-    if (n < 0x80) {
-      out.push_back(static_cast<char>(n));
-      break;
-    }
-    out.push_back(static_cast<char>((n & 0x7f) | 0x80));
-  }
-  out += artifact;
+  if (!artifact.empty()) AppendBytesField(3, artifact, &out);  // field 3: artifact
   return out;
+}
+
+void AppendBytesField(int field_number, absl::string_view bytes, std::string* out) {
+  out->reserve(out->size() + bytes.size() + 16);
+  auto varint = [out](uint64_t n) {
+    for (; n >= 0x80; n >>= 7) out->push_back(static_cast<char>((n & 0x7f) | 0x80));
+    out->push_back(static_cast<char>(n));
+  };
+  varint((static_cast<uint64_t>(field_number) << 3) | 2);  // tag: length-delimited
+  varint(bytes.size());
+  out->append(bytes.data(), bytes.size());
 }
 
 }  // namespace kiln

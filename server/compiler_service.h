@@ -1,9 +1,10 @@
 #ifndef KILN_SERVER_COMPILER_SERVICE_H_
 #define KILN_SERVER_COMPILER_SERVICE_H_
 
-// The kiln.v1.Compiler service (Compile, Lookup).
+// The kiln.v1.Compiler service (Compile, Lookup; PutPackage and GetPackage are forwarded to
+// PackageService, package_service.h).
 //
-// Both methods take the request as raw bytes and parse it themselves, so that bytes that are not a
+// Every method takes the request as raw bytes and parse it themselves, so that bytes that are not a
 // CompileRequest get INVALID_ARGUMENT (gRPC's generated handlers would answer INTERNAL). The work
 // runs on kilnd's RequestExecutor, never on gRPC's callback threads; a full queue answers
 // RESOURCE_EXHAUSTED. Every call honors the client's deadline and cancellation between phases.
@@ -12,9 +13,12 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
 #include "kiln/v1/compiler.grpc.pb.h"
+#include "server/package_service.h"
+#include "server/packages.h"
 #include "server/service_env.h"
 
 namespace kiln {
@@ -23,10 +27,15 @@ struct CompilerServiceOptions {
   // Fault injection for tests: each call waits this long (honoring its deadline and cancellation)
   // before it is processed. Zero in production.
   absl::Duration debug_delay = absl::ZeroDuration();
+  // --max_package_bytes: the largest package PutPackage stores; 0 turns packages off.
+  int64_t max_package_bytes = kDefaultMaxPackageBytes;
 };
 
+// Every method of kiln.v1.Compiler must appear here: a method left out answers UNIMPLEMENTED.
 using CompilerServiceBase = kiln::v1::Compiler::WithRawCallbackMethod_Compile<
-    kiln::v1::Compiler::WithRawCallbackMethod_Lookup<kiln::v1::Compiler::Service>>;
+    kiln::v1::Compiler::WithRawCallbackMethod_Lookup<
+        kiln::v1::Compiler::WithRawCallbackMethod_PutPackage<
+            kiln::v1::Compiler::WithRawCallbackMethod_GetPackage<kiln::v1::Compiler::Service>>>>;
 
 class CompilerService final : public CompilerServiceBase {
  public:
@@ -38,6 +47,12 @@ class CompilerService final : public CompilerServiceBase {
   grpc::ServerUnaryReactor* Lookup(grpc::CallbackServerContext* context,
                                    const grpc::ByteBuffer* request,
                                    grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* PutPackage(grpc::CallbackServerContext* context,
+                                       const grpc::ByteBuffer* request,
+                                       grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* GetPackage(grpc::CallbackServerContext* context,
+                                       const grpc::ByteBuffer* request,
+                                       grpc::ByteBuffer* response) override;
 
  private:
   enum class Method { kCompile, kLookup };
@@ -64,7 +79,11 @@ class CompilerService final : public CompilerServiceBase {
 
   const CompilerServiceOptions options_;
   const ServiceEnv* const env_;
+  PackageService packages_;
 };
+
+// OK, or DEADLINE_EXCEEDED / CANCELLED naming `phase`, for a call of any of kilnd's services.
+absl::Status CheckCallAlive(grpc::CallbackServerContext* context, const char* phase);
 
 // The outcome name counted in ServerStats for a failed call.
 std::string OutcomeForStatus(const absl::Status& status);
@@ -74,6 +93,10 @@ grpc::Status ToGrpcStatus(const absl::Status& status);
 // Serializes `response` with `artifact` (a serialized kiln.v1.Artifact) as its field 3.
 std::string SerializeWithArtifact(const kiln::v1::CompileResponse& response,
                                   const std::string& artifact);
+
+// Appends a length-delimited field (bytes, string or message) to a serialized message: parsers
+// accept fields in any order, so a large value need not be copied into the message first.
+void AppendBytesField(int field_number, absl::string_view bytes, std::string* out);
 
 // The answer to a call that arrives while kilnd drains for shutdown.
 grpc::Status DrainingStatus();

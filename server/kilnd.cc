@@ -43,6 +43,7 @@
 #include "server/logging.h"
 #include "server/metrics.h"
 #include "server/metrics_http.h"
+#include "server/packages.h"
 #include "server/cache/local_cache.h"
 #include "server/service_env.h"
 #include "server/service_metrics.h"
@@ -76,7 +77,8 @@ ABSL_FLAG(int64_t, max_send_message_bytes, 256 << 20,
 ABSL_FLAG(int32_t, max_concurrent_streams, 256,
           "HTTP/2 MAX_CONCURRENT_STREAMS: concurrent calls per client connection.");
 ABSL_FLAG(int32_t, request_threads, 4,
-          "Threads that process Compile/Lookup calls (gRPC's own threads only move bytes).");
+          "Threads that process Compile/Lookup and package calls (gRPC's own threads only move "
+          "bytes).");
 ABSL_FLAG(int32_t, max_queued_requests, 1024,
           "Calls waiting for a request thread; past this kilnd answers RESOURCE_EXHAUSTED.");
 ABSL_FLAG(absl::Duration, shutdown_grace_period, absl::Seconds(30),
@@ -92,6 +94,13 @@ ABSL_FLAG(int32_t, max_queued_compiles, 256,
 ABSL_FLAG(absl::Duration, negative_cache_ttl, absl::Seconds(30),
           "How long a failed compile is remembered, so that the same bad graph from many ranks "
           "is compiled once (0: off).");
+ABSL_FLAG(int64_t, max_package_bytes, kiln::kDefaultMaxPackageBytes,
+          "Largest package (Compiler.PutPackage: an opaque blob kiln.compile stores, a pickled "
+          "AOT-compiled function) kilnd stores, in bytes; larger ones get RESOURCE_EXHAUSTED. "
+          "Packages live in the cache tiers beside compiled artifacts, within the same bounds. "
+          "0: packages are off (PutPackage/GetPackage answer FAILED_PRECONDITION). A package "
+          "also travels in one message: --max_receive_message_bytes and "
+          "--max_send_message_bytes bound it too.");
 ABSL_FLAG(bool, no_compile, false,
           "Serve cached artifacts only: Compile answers a miss with UNIMPLEMENTED (the client runs "
           "that graph eagerly) instead of compiling. For cache-serving replicas and for prewarmed "
@@ -210,6 +219,10 @@ absl::Status CheckFlagValues() {
   if (absl::GetFlag(FLAGS_idle_exit_after) < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("--idle_exit_after must not be negative");
   }
+  if (absl::GetFlag(FLAGS_max_package_bytes) < 0) {
+    return absl::InvalidArgumentError(
+        "--max_package_bytes must not be negative (0 turns packages off)");
+  }
   if (absl::GetFlag(FLAGS_shutdown_grace_period) < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("--shutdown_grace_period must not be negative");
   }
@@ -219,9 +232,10 @@ absl::Status CheckFlagValues() {
 int Run(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "the kiln compile server.\n\n"
-      "Serves kiln.v1.Compiler (Compile, Lookup) and kiln.v1.Admin over gRPC, with the standard\n"
-      "grpc.health.v1 health service and server reflection. PyTorch clients use it through\n"
-      "torch.compile(model, backend=\"kiln\"); operators inspect it with kilnctl.\n\n"
+      "Serves kiln.v1.Compiler (Compile, Lookup, PutPackage, GetPackage) and kiln.v1.Admin over\n"
+      "gRPC, with the standard grpc.health.v1 health service and server reflection. PyTorch\n"
+      "clients use it through torch.compile(model, backend=\"kiln\") and kiln.compile;\n"
+      "operators inspect it with kilnctl.\n\n"
       "Usage: kilnd [--listen=127.0.0.1:7878 | --listen=unix:/path] [--cache_dir=DIR] [flags]\n\n"
       "Stop it with SIGTERM or SIGINT: it turns NOT_SERVING, lets in-flight calls finish within\n"
       "--shutdown_grace_period and exits 0.");
@@ -366,6 +380,14 @@ int Run(int argc, char** argv) {
 
   CompilerServiceOptions compiler_options;
   compiler_options.debug_delay = absl::GetFlag(FLAGS_debug_rpc_delay);
+  compiler_options.max_package_bytes = absl::GetFlag(FLAGS_max_package_bytes);
+  if (const int64_t message_limit = std::min(absl::GetFlag(FLAGS_max_receive_message_bytes),
+                                             absl::GetFlag(FLAGS_max_send_message_bytes));
+      compiler_options.max_package_bytes > message_limit) {
+    spdlog::warn("--max_package_bytes={} is above the message limits: packages over about {} bytes "
+                 "(--max_receive_message_bytes, --max_send_message_bytes) cannot travel",
+                 compiler_options.max_package_bytes, message_limit);
+  }
   CompilerService compiler_service(compiler_options, &env);
   AdminService admin_service(&env);
 

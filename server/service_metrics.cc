@@ -8,7 +8,8 @@ std::string RenderServiceMetrics(const ServiceEnv& env) {
   PrometheusText text;
   text.Family("kiln_requests_total", "counter",
               "Compile/Lookup requests by outcome: memory_hit, disk_hit, shared_hit, compiled, "
-              "joined, miss, and error codes.");
+              "joined, miss, and error codes; PutPackage/GetPackage as package_put, "
+              "package_<tier>_hit, package_miss and package_<error code>.");
   for (const auto& [outcome, count] : env.stats->Requests()) {
     text.Sample("kiln_requests_total", {{"outcome", outcome}}, static_cast<double>(count));
   }

@@ -272,6 +272,15 @@ int CmdShow(const Context& ctx, const Args& args) {
   table.AddRow({"target", TargetString(e.target())});
   table.AddRow({"graph", e.graph_summary()});
   if (!e.debug_name().empty()) table.AddRow({"name", e.debug_name()});
+  if (entry.package_bytes() > 0) {
+    // A package (Compiler.PutPackage): opaque client data, nothing else to show.
+    table.AddRow({"package", absl::StrCat(HumanBytes(entry.package_bytes()), " (",
+                                          entry.package_bytes(), " bytes) of opaque client data")});
+    *ctx.out << table.Render();
+    *ctx.out << "\n(a package stored by kiln.compile: it has no graph, plan, sources, log or key "
+                "record)\n";
+    return kExitOk;
+  }
   *ctx.out << table.Render();
   if (request.include_timings() && entry.timings_size() > 0) {
     Table timings({"PHASE", "TIME"});
@@ -472,6 +481,11 @@ int CmdExplainMiss(const Context& ctx, const Args& args) {
     kiln::v1::Entry entry;
     grpc::Status s = stub->GetEntry(&context, request, &entry);
     if (!s.ok()) return Fail(ctx, absl::StrCat("reading the key record of ", *key), s);
+    if (entry.package_bytes() > 0) {
+      *ctx.err << "kilnctl: " << *key
+               << " is a package (kiln.compile's data): it has no key record to compare\n";
+      return kExitUsage;
+    }
     for (const auto& f : entry.key_record()) {
       fields[i][f.path()] = f.value();
       if (seen.insert(f.path()).second) order.push_back(f.path());

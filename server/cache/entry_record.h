@@ -12,6 +12,7 @@
 //   "key_record"          a serialized kiln.v1.Entry carrying only key_record (for explain-miss)
 //   "timings"             a serialized kiln.v1.Entry carrying only timings
 //   "graph"               readable graph text
+//   "package"             a package's opaque data (the record's artifact is empty; server/packages.h)
 #ifndef KILN_SERVER_CACHE_ENTRY_RECORD_H_
 #define KILN_SERVER_CACHE_ENTRY_RECORD_H_
 

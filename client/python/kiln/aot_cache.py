@@ -58,6 +58,17 @@ def caching(session):
         _SESSION.reset(token)
 
 
+@contextlib.contextmanager
+def loading(session):
+    """Around loading kiln graphs outside kiln's backend (kiln.compile's packages): `session`
+    (its options) is what the loaded graphs are compiled for."""
+    token = _SESSION.set(session)
+    try:
+        yield
+    finally:
+        _SESSION.reset(token)
+
+
 def output_code(graph):
     """`graph` (a prepared CompiledGraph) as what AOTAutograd caches."""
     return _output_code_class()(graph)

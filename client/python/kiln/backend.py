@@ -215,6 +215,13 @@ class _FunctionInfo:
         where = f" ({self.location})" if self.location else ""
         self.name = f"function{where}" + (f" [dynamo compile {self.compile_id}]" if self.compile_id else "")
 
+    @classmethod
+    def named(cls, name):
+        """For graphs that no Dynamo frame is compiling now (kiln.compile loading a package)."""
+        info = cls.__new__(cls)
+        info.key, info.compile_id, info.location, info.name = ("named", name), "", "", name
+        return info
+
     def admit(self, opts):
         with _STATE_LOCK:
             count = _FUNCTION_GRAPHS.get(self.key, 0)

@@ -20,6 +20,10 @@ Counted once per graph (not per call):
                    backward graphs sent to Compile ahead of their first backward (option
                    prefetch_backward); not counted in graphs or requests: the backward compiler's
                    own request is, and usually finds that compile in flight (joined) or done (hits)
+  packages         kiln.compile (kiln.packages): packages loaded from kilnd, captured here, stored
+                   in kilnd, misses (kilnd had none), stale (traced sources changed), guard_misses
+                   (kilnd's package did not fit these inputs), errors; ``package_fallbacks``: functions
+                   that went to torch.compile's path instead, by cause
 Times, in seconds, summed over requests: ``client_time_s`` (serialize, rpc, load) and
 ``server_time_s`` (the phases of CompileResponse.timings).
 Does not import torch.
@@ -51,6 +55,9 @@ def _fresh():
         "cuda_graph_captures": 0,
         "cuda_graph_replays": 0,
         "backward_prefetches": 0,
+        "packages": {"loaded": 0, "captured": 0, "stored": 0, "misses": 0, "stale": 0,
+                     "guard_misses": 0, "errors": 0},
+        "package_fallbacks": {},
         "client_time_s": {"serialize": 0.0, "rpc": 0.0, "load": 0.0},
         "server_time_s": {},
         "keys": [],  # keys of the graphs seen, in order (for tests and debugging), bounded

@@ -23,6 +23,7 @@ DEFAULT_TIMEOUTS = {
     "health": 5.0,
     "admin": 60.0,
     "bundle": 1800.0,  # Export / Import stream whole caches
+    "package": 60.0,  # PutPackage / GetPackage: one blob of up to --max_package_bytes
 }
 
 _HOST_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9.\-_]*[A-Za-z0-9])?$")
@@ -83,7 +84,7 @@ class KilnClient:
                  credentials=None, options=()):
         """address: see parse_address. max_message_bytes: the send and receive limit of the channel.
         timeouts: overrides of DEFAULT_TIMEOUTS (keys "compile", "lookup", "health", "admin",
-        "bundle"). credentials: grpc.ChannelCredentials for TLS; None = insecure channel.
+        "bundle", "package"). credentials: grpc.ChannelCredentials for TLS; None = insecure channel.
         options: extra channel options, (name, value) pairs."""
         self.target = parse_address(address)
         if int(max_message_bytes) <= 0:
@@ -131,6 +132,21 @@ class KilnClient:
         """Compiler.Lookup(CompileRequest) -> CompileResponse (source CACHE_SOURCE_MISS on a miss)."""
         return self._call("kiln.v1.Compiler", "Lookup", "unary_unary")(
             request, timeout=self._timeout(timeout, "lookup"))
+
+    def put_package(self, key, data, *, target="", debug_name="", summary="", timeout=None):
+        """Compiler.PutPackage: stores `data` (bytes, opaque to kilnd) under the client's `key` (64
+        lowercase hex) -> PutPackageResponse (its store_key names the cache entry, as kilnctl lists
+        it). target, debug_name and summary are only shown by kilnctl."""
+        request = proto.PutPackageRequest(key=key, data=bytes(data), target=target,
+                                          debug_name=debug_name, summary=summary)
+        return self._call("kiln.v1.Compiler", "PutPackage", "unary_unary")(
+            request, timeout=self._timeout(timeout, "package"))
+
+    def get_package(self, key, timeout=None):
+        """Compiler.GetPackage -> GetPackageResponse: found and data, or found=False (source
+        CACHE_SOURCE_MISS) when kilnd has no package under `key`; a miss is not an error."""
+        return self._call("kiln.v1.Compiler", "GetPackage", "unary_unary")(
+            proto.GetPackageRequest(key=key), timeout=self._timeout(timeout, "package"))
 
     # -- grpc.health.v1 -------------------------------------------------------------------------
 

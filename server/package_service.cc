@@ -1,0 +1,185 @@
+#include "server/package_service.h"
+
+#include <optional>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "grpcpp/support/proto_buffer_reader.h"
+#include "kiln/v1/compiler.pb.h"
+#include "server/compiler_service.h"
+#include "server/packages.h"
+#include "spdlog/spdlog.h"
+
+namespace kiln {
+namespace {
+
+const char* MethodName(bool put) { return put ? "PutPackage" : "GetPackage"; }
+
+// "package_" + the lowercase status code, e.g. "package_invalid_argument".
+std::string PackageOutcome(const absl::Status& status) {
+  return absl::StrCat("package_", absl::AsciiStrToLower(absl::StatusCodeToString(status.code())));
+}
+
+// Parses raw request bytes; INVALID_ARGUMENT naming the method and the expected message.
+template <typename Message>
+absl::Status ParseRequest(const char* method, grpc::ByteBuffer* bytes, Message* message) {
+  const size_t size = bytes->Length();
+  if (grpc::SerializationTraits<Message>::Deserialize(bytes, message).ok()) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      method, ": the request (", size, " bytes) is not a valid ",
+      Message::descriptor()->full_name(), "; is the client speaking the kiln.v1 protocol?"));
+}
+
+// Prefixes a status's message with the method name, keeping its code.
+absl::Status InMethod(const char* method, const absl::Status& status) {
+  return absl::Status(status.code(), absl::StrCat(method, ": ", status.message()));
+}
+
+}  // namespace
+
+PackageService::PackageService(int64_t max_package_bytes, const ServiceEnv* env)
+    : max_package_bytes_(max_package_bytes), env_(env) {}
+
+grpc::ServerUnaryReactor* PackageService::Put(grpc::CallbackServerContext* context,
+                                              const grpc::ByteBuffer* request,
+                                              grpc::ByteBuffer* response) {
+  return Start(Method::kPut, context, request, response);
+}
+
+grpc::ServerUnaryReactor* PackageService::Get(grpc::CallbackServerContext* context,
+                                              const grpc::ByteBuffer* request,
+                                              grpc::ByteBuffer* response) {
+  return Start(Method::kGet, context, request, response);
+}
+
+grpc::ServerUnaryReactor* PackageService::Start(Method method,
+                                                grpc::CallbackServerContext* context,
+                                                const grpc::ByteBuffer* request,
+                                                grpc::ByteBuffer* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (env_->stats->draining()) {
+    reactor->Finish(DrainingStatus());
+    return reactor;
+  }
+  env_->stats->BeginCall();
+  // gRPC keeps `request` alive until Finish; the executor may consume it.
+  auto* mutable_request = const_cast<grpc::ByteBuffer*>(request);
+  bool accepted = env_->executor->TrySubmit([this, method, context, mutable_request, response,
+                                             reactor] {
+    const bool put = method == Method::kPut;
+    absl::StatusOr<std::string> result =
+        put ? ProcessPut(context, mutable_request) : ProcessGet(context, mutable_request);
+    if (!result.ok()) {
+      env_->stats->Count(PackageOutcome(result.status()));
+      spdlog::info("{} failed: {}", MethodName(put), result.status().ToString());
+      env_->stats->EndCall();
+      reactor->Finish(ToGrpcStatus(result.status()));
+      return;
+    }
+    auto* bytes = new std::string(*std::move(result));
+    grpc::Slice slice(bytes->data(), bytes->size(),
+                      [](void* p) { delete static_cast<std::string*>(p); }, bytes);
+    *response = grpc::ByteBuffer(&slice, 1);
+    env_->stats->EndCall();
+    reactor->Finish(grpc::Status::OK);
+  });
+  if (!accepted) {
+    env_->stats->EndCall();
+    env_->stats->Count("package_resource_exhausted");
+    reactor->Finish(grpc::Status(
+        grpc::StatusCode::RESOURCE_EXHAUSTED,
+        absl::StrCat("kilnd is overloaded: ", env_->executor->max_queued(),
+                     " requests are already queued (--max_queued_requests); retry in a few "
+                     "seconds")));
+  }
+  return reactor;
+}
+
+absl::StatusOr<std::string> PackageService::ProcessPut(grpc::CallbackServerContext* context,
+                                                       grpc::ByteBuffer* request_bytes) {
+  const char* method = MethodName(true);
+  if (absl::Status s = CheckCallAlive(context, "queued"); !s.ok()) return s;
+  if (absl::Status s = CheckPackagesEnabled(max_package_bytes_); !s.ok()) {
+    return InMethod(method, s);
+  }
+  kiln::v1::PutPackageRequest request;
+  if (absl::Status s = ParseRequest(method, request_bytes, &request); !s.ok()) return s;
+  absl::StatusOr<std::string> store_key = PackageStoreKey(request.key());
+  if (!store_key.ok()) return InMethod(method, store_key.status());
+  const int64_t size = static_cast<int64_t>(request.data().size());
+  if (absl::Status s = CheckPackageSize(size, max_package_bytes_); !s.ok()) {
+    return InMethod(method, s);
+  }
+  const cache::EntryMeta meta =
+      PackageMeta(request.target(), request.debug_name(), request.summary(), size);
+  std::string record = EncodePackageRecord(request.data());
+  request.clear_data();  // the record holds the only copy from here on
+  if (absl::Status s = CheckCallAlive(context, "encoded"); !s.ok()) return s;
+
+  const int tiers = env_->cache->Put(*store_key, record, meta);
+  if (tiers == 0) {
+    return absl::InternalError(absl::StrCat(
+        method, ": no cache tier stored the package (", size,
+        " bytes): a tier is failing or the entry exceeds its bound (--cache_max_bytes); see "
+        "kilnd's log"));
+  }
+  spdlog::debug("PutPackage: stored {} ({} bytes, record {} bytes) in {} tier(s)", *store_key, size,
+                record.size(), tiers);
+  env_->stats->Count("package_put");
+  kiln::v1::PutPackageResponse response;
+  response.set_store_key(*store_key);
+  return response.SerializeAsString();
+}
+
+absl::StatusOr<std::string> PackageService::ProcessGet(grpc::CallbackServerContext* context,
+                                                       grpc::ByteBuffer* request_bytes) {
+  const char* method = MethodName(false);
+  if (absl::Status s = CheckCallAlive(context, "queued"); !s.ok()) return s;
+  if (absl::Status s = CheckPackagesEnabled(max_package_bytes_); !s.ok()) {
+    return InMethod(method, s);
+  }
+  kiln::v1::GetPackageRequest request;
+  if (absl::Status s = ParseRequest(method, request_bytes, &request); !s.ok()) return s;
+  absl::StatusOr<std::string> store_key = PackageStoreKey(request.key());
+  if (!store_key.ok()) return InMethod(method, store_key.status());
+
+  kiln::v1::GetPackageResponse response;
+  response.set_store_key(*store_key);
+  std::optional<cache::CacheHit> hit = env_->cache->Get(*store_key);
+  std::optional<std::string> data;
+  if (hit.has_value()) {
+    absl::StatusOr<std::string> decoded = DecodePackageRecord(hit->value);
+    if (decoded.ok()) {
+      data = *std::move(decoded);
+    } else {
+      // The bytes passed the store's checksum but are not a package: never serve them.
+      spdlog::error("cache entry {} is not a usable package ({}); removing it and treating it as a "
+                    "miss", *store_key, std::string(decoded.status().message()));
+      env_->stats->Count("corrupt_entry");
+      (void)env_->cache->Remove(*store_key);
+    }
+  }
+  if (!data.has_value()) {
+    response.set_source(kiln::v1::CACHE_SOURCE_MISS);
+    env_->stats->Count("package_miss");
+    spdlog::debug("GetPackage: {} is not stored", *store_key);
+    return response.SerializeAsString();
+  }
+  static constexpr kiln::v1::CacheSource kSources[] = {kiln::v1::CACHE_SOURCE_MEMORY_HIT,
+                                                       kiln::v1::CACHE_SOURCE_DISK_HIT,
+                                                       kiln::v1::CACHE_SOURCE_SHARED_HIT};
+  response.set_found(true);
+  response.set_source(kSources[static_cast<int>(hit->tier)]);
+  env_->stats->Count(absl::StrCat("package_", cache::TierName(hit->tier), "_hit"));
+  spdlog::debug("GetPackage: {} hit in the {} tier ({} bytes)", *store_key,
+                std::string(cache::TierName(hit->tier)), data->size());
+  // The data goes in as field 2 after the rest: no copy of it into the message first.
+  std::string out = response.SerializeAsString();
+  AppendBytesField(kiln::v1::GetPackageResponse::kDataFieldNumber, *data, &out);
+  return out;
+}
+
+}  // namespace kiln
