@@ -24,7 +24,8 @@ Counted once per graph (not per call):
                    in kilnd, misses (kilnd had none), stale (traced sources changed), guard_misses
                    (kilnd's package did not fit these inputs), errors; ``package_fallbacks``: functions
                    that went to torch.compile's path instead, by cause
-Times, in seconds, summed over requests: ``client_time_s`` (serialize, rpc, load) and
+Times, in seconds, summed over requests: ``client_time_s`` (serialize, rpc, load; package_load:
+kiln.compile's GetPackage, unpickling and guard building of the packages it used) and
 ``server_time_s`` (the phases of CompileResponse.timings).
 Does not import torch.
 """
@@ -58,7 +59,7 @@ def _fresh():
         "packages": {"loaded": 0, "captured": 0, "stored": 0, "misses": 0, "stale": 0,
                      "guard_misses": 0, "errors": 0},
         "package_fallbacks": {},
-        "client_time_s": {"serialize": 0.0, "rpc": 0.0, "load": 0.0},
+        "client_time_s": {"serialize": 0.0, "rpc": 0.0, "load": 0.0, "package_load": 0.0},
         "server_time_s": {},
         "keys": [],  # keys of the graphs seen, in order (for tests and debugging), bounded
     }
