@@ -227,7 +227,7 @@ class CompiledFunction:
         if not hasattr(compiled, "aot_compile"):
             return self._use_fallback("unavailable", "this torch's torch.compile has no aot_compile")
         try:
-            with _grads_set_aside(self._module, call_args), _guards_without_user_stacks():
+            with _grads_set_aside(self._module, call_args):
                 fn = compiled.aot_compile((call_args, kwargs))
         except Exception as e:
             hint = ""
@@ -310,29 +310,6 @@ def _package_backend(opts):
         return out
 
     return backend
-
-
-@contextlib.contextmanager
-def _guards_without_user_stacks():
-    """Guards made during a capture get an empty user stack. Dynamo records the user's stack on
-    every guard for its failure messages, and the package pickles them all: for ResNet-50, 3,000+
-    guards whose stacks were most of the guard state's 1.5 MB and of its unpickling time."""
-    import traceback
-
-    from torch._guards import GuardsSet
-
-    original = GuardsSet.add
-
-    def add(self, guard, *args, **kwargs):
-        if guard.user_stack is None:
-            guard.user_stack = traceback.StackSummary()
-        return original(self, guard, *args, **kwargs)
-
-    GuardsSet.add = add
-    try:
-        yield
-    finally:
-        GuardsSet.add = original
 
 
 @contextlib.contextmanager
