@@ -138,8 +138,8 @@ ABSL_FLAG(std::string, metrics_listen, "",
           "Serve Prometheus metrics (GET /metrics) and GET /healthz over HTTP at host:port. "
           "Empty: off.");
 ABSL_FLAG(absl::Duration, idle_exit_after, absl::ZeroDuration(),
-          "Exit (as on SIGTERM) after this long with no Compile/Lookup/Admin call. 0: never. The "
-          "embedded server that the Python client starts uses this.");
+          "Exit (as on SIGTERM) after this long with no Compiler (Compile, Lookup, packages) or "
+          "Admin call. 0: never. The embedded server that the Python client starts uses this.");
 ABSL_FLAG(absl::Duration, debug_rpc_delay, absl::ZeroDuration(),
           "Fault injection for tests: every Compile/Lookup waits this long before it is "
           "processed. Leave at 0 in production.");

@@ -144,3 +144,28 @@ def test_a_kilnd_that_refuses_packages_still_runs_the_function():
 def test_compile_rejects_what_is_not_callable():
     with pytest.raises(TypeError, match="expected an nn.Module or a function"):
         kiln.compile(42)
+
+
+def test_a_function_with_keyword_arguments_and_a_train_eval_switch():
+    server = Kilnd()
+    try:
+        def fn(x, *, scale):
+            return (x * scale).tanh()
+
+        compiled = kiln.compile(fn, options={"server": server.address})
+        x = torch.randn(4, 6)
+        torch.testing.assert_close(compiled(x, scale=2.0), fn(x, scale=2.0))
+        torch.testing.assert_close(compiled(x, scale=3.0), fn(x, scale=3.0))  # a constant: a second package
+
+        model = torch.nn.Sequential(torch.nn.Linear(6, 6), torch.nn.Dropout(0.5))
+        cmodel = kiln.compile(model, options={"server": server.address})
+        with torch.no_grad():
+            model.eval()
+            torch.testing.assert_close(cmodel(x), model(x))
+            model.train()  # dropout on: the eval package's guards fail, a training-mode package is made
+            out = cmodel(x)
+        assert (out == 0).any() and len(cmodel._variants) == 2
+        s = kiln.stats()
+        assert s["packages"]["captured"] == 4 and s["graph_fallbacks"] == 0, s
+    finally:
+        assert server.stop() == 0
