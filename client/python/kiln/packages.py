@@ -242,6 +242,18 @@ class CompiledFunction:
             self._store(client, key, fn)
         return _Variant(key, fn, state, "captured")
 
+    def _target_text(self, fn):
+        """What kilnctl shows as the package's target ("cuda:sm_90", "cpu:x86-64-v3")."""
+        import torch
+
+        from kiln import proto, requests
+
+        device = getattr(getattr(fn, "_artifacts", None), "device_type", "") or "cpu"
+        index = torch.cuda.current_device() if device == "cuda" else None
+        t = requests._device_target(torch.device(device, index) if index is not None else torch.device(device),
+                                    self._opts)
+        return f"cuda:{t.cuda_arch}" if t.device == proto.DEVICE_KIND_CUDA else f"cpu:{t.cpu_isa}"
+
     def _store(self, client, key, fn):
         from torch._dynamo.aot_compile import AOTCompiledFunction
 
@@ -254,8 +266,8 @@ class CompiledFunction:
             stats_mod.add_to("packages", "errors")
             return
         try:
-            client.put_package(key, data, target=_device_text(fn), debug_name=self.name,
-                               summary=f"{self.name}, torch {_torch_version()}")
+            client.put_package(key, data, target=self._target_text(fn), debug_name=self.name,
+                               summary=f"torch {_torch_version()}")
             stats_mod.add_to("packages", "stored")
         except Exception as e:
             warnings.warn(f"kiln.compile: kilnd did not store the package of {self.name} "
@@ -418,8 +430,6 @@ def stale_sources(fn):
     return ", ".join(sorted(changed))
 
 
-def _device_text(fn):
-    return getattr(getattr(fn, "_artifacts", None), "device_type", "") or ""
 
 
 def _torch_version():
