@@ -607,10 +607,24 @@ def compile_child(args):
     with gm.capture_kiln_warnings() as w:
         before = gm.dynamo_seconds()
         t1 = time.perf_counter()
+        profiler = None
+        if args.profile_first_call:
+            import cProfile
+
+            profiler = cProfile.Profile()
+            profiler.enable()
         with gc_time:
             step()
             gm.sync(args.device)
         res["first_s"] = time.perf_counter() - t1
+        if profiler is not None:
+            import io
+            import pstats
+
+            profiler.disable()
+            text = io.StringIO()
+            pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(40)
+            res["profile"] = text.getvalue()
         res["gc_s"] = gc_time.seconds
         res["split"] = gm.split_seconds(before, gm.dynamo_seconds())
         times = []
@@ -660,6 +674,8 @@ def run_child(args, backend, workload, env, server=None, label=""):
     cmd += [f"--kiln-option={o}" for o in args.kiln_option]
     if args.quick:
         cmd.append("--quick")
+    if args.profile_first_call:
+        cmd.append("--profile-first-call")
     t0 = time.time()
     try:
         p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.child_timeout, cwd=REPO)
@@ -708,7 +724,7 @@ def section_c(args, kilnd_binary, problems):
             "its build is then inside kiln's cold figure)")
     log("")
     names = [n for n in COMPILE_WORKLOADS if not args.only or n in args.only]
-    cold_x, warm_x, pkg_x, descs = [], [], [], []
+    cold_x, warm_x, pkg_x, descs, profiles = [], [], [], [], []
     rows = gm.StreamTable(["workload", "Inductor cold s", "kiln cold s", "kiln faster (cold)", "Inductor warm s",
                            "kiln warm s", "kiln faster (warm)", "kiln warm (disk) s", "compile s Ind./kiln (cold)",
                            "steady ms Ind./kiln", "import s", "prime s Ind./kiln (cold)",
@@ -765,6 +781,8 @@ def section_c(args, kilnd_binary, problems):
         for k, v in res.items():
             if "error" in v:
                 problems.append(f"(c) {wl} {k}: {v['error']}")
+            elif k in ("ind_warm", "kiln_warm", "pkg_warm") and v.get("profile"):
+                profiles.append((f"{wl}: {k}", v["profile"]))
         ok = {k: v for k, v in res.items() if "error" not in v}
         descs.append(f"{wl}: " + next((v["desc"] for v in ok.values()), "?"))
 
@@ -853,6 +871,16 @@ def section_c(args, kilnd_binary, problems):
             if k in ok and ok[k].get("kiln", {}).get("warnings"):
                 for wmsg in dict.fromkeys(ok[k]["kiln"]["warnings"]):
                     problems.append(f"(c) {wl} {k} warning: {wmsg[:300]}")
+    if profiles:
+        log("")
+        log("First-call profiles (--profile-first-call; cProfile, top 40 by cumulative time):")
+        for title, text in profiles:
+            log("")
+            log(f"#### {title}")
+            log("")
+            log("```")
+            log(text.rstrip())
+            log("```")
     log("")
     for d in descs:
         log(f"- {d}")
@@ -885,6 +913,9 @@ def main():
     ap.add_argument("--kiln-option", action="append", default=[], metavar="KEY=VALUE",
                     help="extra torch.compile(backend='kiln') option (repeatable), e.g. cuda_graphs=1")
     ap.add_argument("--no-kiln-compile", action="store_true", help="section c: skip the kiln.compile rows")
+    ap.add_argument("--profile-first-call", action="store_true",
+                    help="section c: cProfile each process's first call (its figures then include the "
+                         "profiler's overhead) and print the warm ones' top 40 functions by cumulative time")
     ap.add_argument("--kiln-timeout", type=float, default=300.0, help="kiln's per-Compile timeout (s)")
     ap.add_argument("--child-timeout", type=float, default=300.0, help="section c: per process limit (s)")
     ap.add_argument("--time-budget", type=float, default=None, help="seconds for the whole run (default 540 on "
