@@ -44,6 +44,7 @@ std::string OutcomeForStatus(const absl::Status& status) {
     case absl::StatusCode::kResourceExhausted: return "resource_exhausted";
     case absl::StatusCode::kDeadlineExceeded: return "deadline_exceeded";
     case absl::StatusCode::kCancelled: return "cancelled";
+    case absl::StatusCode::kFailedPrecondition: return "failed_precondition";
     default: return "internal";
   }
 }

@@ -16,7 +16,7 @@ import kiln.backend
 from kiln import proto
 from kiln.precompiler import parse_target, rewrite_devices
 from kiln.rpc import KilnClient
-from kilnd_server import Kilnd, fresh_kiln
+from kilnd_server import Kilnd, server_requests, fresh_kiln
 
 MODEL = textwrap.dedent("""
     import torch
@@ -216,6 +216,9 @@ def test_failures_are_reported_with_their_keys():
         lenient = kiln.precompile(MLP(), (torch.randn(8, 16),), target="cuda:sm_90", training=True,
                                   options=opts, strict=False)
         assert [r.key for r in lenient] == [r.key for r in records]
+        # kilnd counts these as what they are (no compiler for the target), not as internal errors.
+        outcomes = server_requests(s.address)
+        assert outcomes.get("failed_precondition", 0) >= 2 and not outcomes.get("internal"), outcomes
     finally:
         assert s.stop() == 0
 
