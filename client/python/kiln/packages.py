@@ -50,6 +50,7 @@ from kiln.errors import KilnWarning
 log = logging.getLogger("kiln")
 
 PACKAGE_FORMAT = "kiln.compile/1"
+_LOAD_LOCK = threading.Lock()
 
 
 def compile(model_or_fn, *, options=None):  # noqa: A001  (kiln.compile, as torch.compile)
@@ -209,7 +210,8 @@ class CompiledFunction:
         from kiln import backend
 
         session = backend._Session(self._opts, backend._FunctionInfo.named(self.name))
-        with aot_cache.loading(session), _one_fake_mode_for_guard_tensors():
+        # One load at a time: _one_fake_mode_for_guard_tensors swaps a torch class attribute.
+        with _LOAD_LOCK, aot_cache.loading(session), _one_fake_mode_for_guard_tensors():
             fn = AOTCompiledFunction.deserialize(data, f_globals=self._fn.__globals__)
         fn.disable_guard_check()  # __call__ checks them before choosing a package
         return fn
