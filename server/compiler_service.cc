@@ -80,45 +80,56 @@ grpc::ServerUnaryReactor* CompilerService::Start(Method method,
                                                  grpc::CallbackServerContext* context,
                                                  const grpc::ByteBuffer* request,
                                                  grpc::ByteBuffer* response) {
+  // gRPC keeps `request` alive until Finish; the executor may consume it.
+  auto* mutable_request = const_cast<grpc::ByteBuffer*>(request);
+  return StartUnaryCall(env_, context, response, MethodName(method == Method::kLookup),
+                        OutcomeForStatus,
+                        [this, method, context, mutable_request]() -> absl::StatusOr<std::string> {
+                          absl::Time start = absl::Now();
+                          absl::StatusOr<Reply> result = Process(method, context, mutable_request);
+                          if (!result.ok()) return result.status();
+                          kiln::v1::PhaseTiming* total = result->response.add_timings();
+                          total->set_phase("total");
+                          total->set_micros(absl::ToInt64Microseconds(absl::Now() - start));
+                          return SerializeWithArtifact(result->response, result->artifact);
+                        });
+}
+
+grpc::ServerUnaryReactor* StartUnaryCall(
+    const ServiceEnv* env, grpc::CallbackServerContext* context, grpc::ByteBuffer* response,
+    const char* method, std::function<std::string(const absl::Status&)> outcome,
+    std::function<absl::StatusOr<std::string>()> work) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  if (env_->stats->draining()) {
+  if (env->stats->draining()) {
     reactor->Finish(DrainingStatus());
     return reactor;
   }
-  env_->stats->BeginCall();
-  // gRPC keeps `request` alive until Finish; the executor may consume it.
-  auto* mutable_request = const_cast<grpc::ByteBuffer*>(request);
-  bool accepted = env_->executor->TrySubmit([this, method, context, mutable_request, response,
-                                        reactor] {
-    absl::Time start = absl::Now();
-    absl::StatusOr<Reply> result = Process(method, context, mutable_request);
+  env->stats->BeginCall();
+  bool accepted = env->executor->TrySubmit([env, response, reactor, method, outcome,
+                                            work = std::move(work)] {
+    absl::StatusOr<std::string> result = work();
     if (!result.ok()) {
-      env_->stats->Count(OutcomeForStatus(result.status()));
-      spdlog::info("{} failed: {}", MethodName(method == Method::kLookup),
-                   result.status().ToString());
-      env_->stats->EndCall();
+      env->stats->Count(outcome(result.status()));
+      spdlog::info("{} failed: {}", method, result.status().ToString());
+      env->stats->EndCall();
       reactor->Finish(ToGrpcStatus(result.status()));
       return;
     }
-    kiln::v1::PhaseTiming* total = result->response.add_timings();
-    total->set_phase("total");
-    total->set_micros(absl::ToInt64Microseconds(absl::Now() - start));
-    auto* bytes = new std::string(SerializeWithArtifact(result->response, result->artifact));
+    auto* bytes = new std::string(*std::move(result));
     grpc::Slice slice(bytes->data(), bytes->size(),
                       [](void* p) { delete static_cast<std::string*>(p); }, bytes);
     *response = grpc::ByteBuffer(&slice, 1);
-    grpc::Status serialized = grpc::Status::OK;
-    env_->stats->EndCall();
-    reactor->Finish(serialized);
+    env->stats->EndCall();
+    reactor->Finish(grpc::Status::OK);
   });
   if (!accepted) {
-    env_->stats->EndCall();
-    env_->stats->Count("resource_exhausted");
-    reactor->Finish(grpc::Status(
-        grpc::StatusCode::RESOURCE_EXHAUSTED,
-        absl::StrCat("kilnd is overloaded: ", env_->executor->max_queued(),
+    env->stats->EndCall();
+    const absl::Status overloaded = absl::ResourceExhaustedError(
+        absl::StrCat("kilnd is overloaded: ", env->executor->max_queued(),
                      " requests are already queued (--max_queued_requests); retry in a few "
-                     "seconds")));
+                     "seconds"));
+    env->stats->Count(outcome(overloaded));
+    reactor->Finish(ToGrpcStatus(overloaded));
   }
   return reactor;
 }

@@ -9,6 +9,7 @@
 // runs on kilnd's RequestExecutor, never on gRPC's callback threads; a full queue answers
 // RESOURCE_EXHAUSTED. Every call honors the client's deadline and cancellation between phases.
 
+#include <functional>
 #include <optional>
 #include <string>
 
@@ -87,6 +88,16 @@ absl::Status CheckCallAlive(grpc::CallbackServerContext* context, const char* ph
 
 // The outcome name counted in ServerStats for a failed call.
 std::string OutcomeForStatus(const absl::Status& status);
+
+// One unary call of kilnd's Compiler service, run on the RequestExecutor: a draining kilnd answers
+// UNAVAILABLE; a full queue RESOURCE_EXHAUSTED; `work` (on an executor thread) returns the
+// serialized response, or a status that is logged as "<method> failed" and answered. Failures
+// and a full queue are counted in ServerStats under outcome(status); the call is counted as in
+// flight (BeginCall/EndCall) from here to Finish.
+grpc::ServerUnaryReactor* StartUnaryCall(
+    const ServiceEnv* env, grpc::CallbackServerContext* context, grpc::ByteBuffer* response,
+    const char* method, std::function<std::string(const absl::Status&)> outcome,
+    std::function<absl::StatusOr<std::string>()> work);
 
 grpc::Status ToGrpcStatus(const absl::Status& status);
 

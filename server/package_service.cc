@@ -59,43 +59,14 @@ grpc::ServerUnaryReactor* PackageService::Start(Method method,
                                                 grpc::CallbackServerContext* context,
                                                 const grpc::ByteBuffer* request,
                                                 grpc::ByteBuffer* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  if (env_->stats->draining()) {
-    reactor->Finish(DrainingStatus());
-    return reactor;
-  }
-  env_->stats->BeginCall();
   // gRPC keeps `request` alive until Finish; the executor may consume it.
   auto* mutable_request = const_cast<grpc::ByteBuffer*>(request);
-  bool accepted = env_->executor->TrySubmit([this, method, context, mutable_request, response,
-                                             reactor] {
-    const bool put = method == Method::kPut;
-    absl::StatusOr<std::string> result =
-        put ? ProcessPut(context, mutable_request) : ProcessGet(context, mutable_request);
-    if (!result.ok()) {
-      env_->stats->Count(PackageOutcome(result.status()));
-      spdlog::info("{} failed: {}", MethodName(put), result.status().ToString());
-      env_->stats->EndCall();
-      reactor->Finish(ToGrpcStatus(result.status()));
-      return;
-    }
-    auto* bytes = new std::string(*std::move(result));
-    grpc::Slice slice(bytes->data(), bytes->size(),
-                      [](void* p) { delete static_cast<std::string*>(p); }, bytes);
-    *response = grpc::ByteBuffer(&slice, 1);
-    env_->stats->EndCall();
-    reactor->Finish(grpc::Status::OK);
-  });
-  if (!accepted) {
-    env_->stats->EndCall();
-    env_->stats->Count("package_resource_exhausted");
-    reactor->Finish(grpc::Status(
-        grpc::StatusCode::RESOURCE_EXHAUSTED,
-        absl::StrCat("kilnd is overloaded: ", env_->executor->max_queued(),
-                     " requests are already queued (--max_queued_requests); retry in a few "
-                     "seconds")));
-  }
-  return reactor;
+  const bool put = method == Method::kPut;
+  return StartUnaryCall(env_, context, response, MethodName(put), PackageOutcome,
+                        [this, put, context, mutable_request] {
+                          return put ? ProcessPut(context, mutable_request)
+                                     : ProcessGet(context, mutable_request);
+                        });
 }
 
 absl::StatusOr<std::string> PackageService::ProcessPut(grpc::CallbackServerContext* context,
