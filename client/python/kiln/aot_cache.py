@@ -46,19 +46,6 @@ def available():
 
 
 @contextlib.contextmanager
-def caching(session):
-    """Around one AOTAutograd call of kiln's backend: the cache flags on, `session` current."""
-    import torch
-
-    token = _SESSION.set(session)
-    try:
-        with torch._functorch.config.patch(_CONFIG):
-            yield
-    finally:
-        _SESSION.reset(token)
-
-
-@contextlib.contextmanager
 def loading(session):
     """Around loading kiln graphs outside kiln's backend (kiln.compile's packages): `session`
     (its options) is what the loaded graphs are compiled for."""
@@ -67,6 +54,15 @@ def loading(session):
         yield
     finally:
         _SESSION.reset(token)
+
+
+@contextlib.contextmanager
+def caching(session):
+    """Around one AOTAutograd call of kiln's backend: the cache flags on, `session` current."""
+    import torch
+
+    with loading(session), torch._functorch.config.patch(_CONFIG):
+        yield
 
 
 def output_code(graph):

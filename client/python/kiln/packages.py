@@ -45,6 +45,7 @@ import warnings
 
 from kiln import aot_cache
 from kiln import counters as stats_mod
+from kiln.backend import _short
 from kiln.errors import KilnWarning
 
 log = logging.getLogger("kiln")
@@ -257,6 +258,7 @@ class CompiledFunction:
         return f"cuda:{t.cuda_arch}" if t.device == proto.DEVICE_KIND_CUDA else f"cpu:{t.cpu_isa}"
 
     def _store(self, client, key, fn):
+        import torch
         from torch._dynamo.aot_compile import AOTCompiledFunction
 
         try:
@@ -269,7 +271,7 @@ class CompiledFunction:
             return
         try:
             client.put_package(key, data, target=self._target_text(fn), debug_name=self.name,
-                               summary=f"torch {_torch_version()}")
+                               summary=f"torch {torch.__version__}")
             stats_mod.add_to("packages", "stored")
         except Exception as e:
             warnings.warn(f"kiln.compile: kilnd did not store the package of {self.name} "
@@ -432,14 +434,6 @@ def stale_sources(fn):
     return ", ".join(sorted(changed))
 
 
-
-
-def _torch_version():
-    import torch
-
-    return torch.__version__
-
-
 def _rpc_text(e):
     code = getattr(e, "code", None)
     if callable(code):
@@ -448,8 +442,3 @@ def _rpc_text(e):
         except Exception:
             pass
     return f"{type(e).__name__}: {_short(e)}"
-
-
-def _short(value, limit=300):
-    text = str(value).replace("\n", " ")
-    return text if len(text) <= limit else text[:limit] + "..."
