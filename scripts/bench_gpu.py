@@ -640,6 +640,7 @@ def compile_child(args):
                                              "op_fallbacks", "kernel_steps", "server_time_s", "client_time_s",
                                              "eager_calls", "warnings")}
             res["kiln"]["packages"] = kiln.stats()["packages"]
+            res["kiln"]["prewarm"] = kiln.stats()["prewarm"]
     try:
         from torch._dynamo.utils import counters
 
@@ -732,7 +733,7 @@ def section_c(args, kilnd_binary, problems):
                            "Inductor FX cache cold; warm (h=hit m=miss)", "kilnd phases, cold (s)",
                            "warm first call: Dynamo trace / backend s, Ind.; kiln",
                            "kiln.compile cold s", "kiln.compile warm s", "kiln.compile faster (warm)",
-                           "kiln.compile warm (disk) s", "kiln.compile packages cold; warm; disk (l=loaded c=captured)",
+                           "kiln.compile warm (disk) s", "kiln.compile packages cold; warm; disk (l=loaded c=captured w=convolutions prewarmed, kiln.prewarm)",
                            "kiln.compile warm: package load s",
                            "warm first call: garbage collector s, Ind. / kiln / kiln.compile"])
     for wl in names:
@@ -805,11 +806,13 @@ def section_c(args, kilnd_binary, problems):
             hit, miss = c.get("fxgraph_cache_hit", 0), c.get("fxgraph_cache_miss", 0)
             return f"{hit}h/{miss}m"
 
-        def pinfo(key):  # kiln.compile's packages: l=loaded from kilnd, c=captured here
+        def pinfo(key):  # kiln.compile's packages: l=loaded from kilnd, c=captured, w=convolutions prewarmed
             if key not in ok or "kiln" not in ok[key]:
                 return "-"
             p = ok[key]["kiln"].get("packages") or {}
-            return f"{p.get('loaded', 0)}l/{p.get('captured', 0)}c" + (f"/{p['errors']}err" if p.get("errors") else "")
+            w = (ok[key]["kiln"].get("prewarm") or {}).get("calls", 0)
+            return (f"{p.get('loaded', 0)}l/{p.get('captured', 0)}c" + (f"/{w}w" if w else "")
+                    + (f"/{p['errors']}err" if p.get("errors") else ""))
 
         kiln_eager = any(ok[k]["kiln"]["graph_fallbacks"] for k in ("kiln_cold", "kiln_warm", "kiln_disk")
                          if k in ok and "kiln" in ok[k])

@@ -15,6 +15,7 @@ and the kiln client installed (torchvision optional).
 """
 
 import collections
+import functools
 import gc
 import glob
 import math
@@ -472,9 +473,12 @@ def build_bert_layer(d, heads, ffn):
     return BertLayer()
 
 
-def _resnet_handwritten(block, layers, num_classes=1000):
-    """torchvision.models.resnet.ResNet (v1.5: stride on the 3x3 conv of the bottleneck), same module
-    names (conv1, bn1, layerN.M.convK/bnK/downsample.{0,1}, fc) and the same initialization."""
+@functools.lru_cache(maxsize=None)
+def _resnet_classes():
+    """torchvision.models.resnet's BasicBlock, Bottleneck and ResNet (v1.5: stride on the 3x3 conv of
+    the bottleneck), same module names (conv1, bn1, layerN.M.convK/bnK/downsample.{0,1}, fc) and the
+    same initialization. Made once per process and named at module level (kiln.compile's packages
+    pickle modules by their qualified name; classes local to a function cannot be found again)."""
     torch, nn, F = _nn()
 
     def conv3x3(i, o, stride=1):
@@ -526,20 +530,18 @@ def _resnet_handwritten(block, layers, num_classes=1000):
                 identity = self.downsample(x)
             return self.relu(out + identity)
 
-    blk = {"basic": BasicBlock, "bottleneck": Bottleneck}[block]
-
     class ResNet(nn.Module):
-        def __init__(self):
+        def __init__(self, blk, layers, num_classes=1000):
             super().__init__()
             self.inplanes = 64
             self.conv1 = nn.Conv2d(3, 64, kernel_size=7, stride=2, padding=3, bias=False)
             self.bn1 = nn.BatchNorm2d(64)
             self.relu = nn.ReLU(inplace=True)
             self.maxpool = nn.MaxPool2d(kernel_size=3, stride=2, padding=1)
-            self.layer1 = self._make_layer(64, layers[0])
-            self.layer2 = self._make_layer(128, layers[1], stride=2)
-            self.layer3 = self._make_layer(256, layers[2], stride=2)
-            self.layer4 = self._make_layer(512, layers[3], stride=2)
+            self.layer1 = self._make_layer(blk, 64, layers[0])
+            self.layer2 = self._make_layer(blk, 128, layers[1], stride=2)
+            self.layer3 = self._make_layer(blk, 256, layers[2], stride=2)
+            self.layer4 = self._make_layer(blk, 512, layers[3], stride=2)
             self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
             self.fc = nn.Linear(512 * blk.expansion, num_classes)
             for m in self.modules():
@@ -549,7 +551,7 @@ def _resnet_handwritten(block, layers, num_classes=1000):
                     nn.init.constant_(m.weight, 1)
                     nn.init.constant_(m.bias, 0)
 
-        def _make_layer(self, planes, blocks, stride=1):
+        def _make_layer(self, blk, planes, blocks, stride=1):
             downsample = None
             if stride != 1 or self.inplanes != planes * blk.expansion:
                 downsample = nn.Sequential(conv1x1(self.inplanes, planes * blk.expansion, stride),
@@ -564,7 +566,16 @@ def _resnet_handwritten(block, layers, num_classes=1000):
             x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
             return self.fc(torch.flatten(self.avgpool(x), 1))
 
-    return ResNet()
+    classes = {"BasicBlock": BasicBlock, "Bottleneck": Bottleneck, "ResNet": ResNet}
+    for name, cls in classes.items():
+        cls.__qualname__ = name
+        globals()[name] = cls
+    return classes
+
+
+def _resnet_handwritten(block, layers, num_classes=1000):
+    c = _resnet_classes()
+    return c["ResNet"](c[{"basic": "BasicBlock", "bottleneck": "Bottleneck"}[block]], layers, num_classes)
 
 
 def resnet_source():

@@ -267,3 +267,25 @@ def test_cuda_graph_mode_with_new_input_buffers_each_call(server):
         torch.testing.assert_close(got, norm_block(x, w, b), **F32)
     s = kiln.stats()
     assert s["cuda_graph_captures"] == 1 and s["cuda_graph_replays"] == 3, s
+
+
+def test_kiln_compile_package_prewarms_its_convolutions(server):
+    """A second process loading a conv net's package (kiln.compile) warms its convolutions in a
+    background thread (option prewarm, kiln.prewarm) and still matches eager; the first process,
+    which captured the package, warms nothing."""
+    import json
+    import subprocess
+
+    def child():
+        p = subprocess.run([sys.executable, str(REPO / "tests" / "gpu" / "prewarm_child.py"), server.address],
+                           capture_output=True, text=True, timeout=600,
+                           env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+        assert p.returncode == 0, p.stderr[-3000:]
+        return json.loads(p.stdout.strip().splitlines()[-1])
+
+    first, second = child(), child()
+    for run in (first, second):
+        assert run["match"] and run["fallbacks"] == 0 and run["prewarm"]["errors"] == 0, run
+    assert first["packages"]["captured"] == 1 and first["prewarm"]["threads"] == 0, first
+    assert second["packages"]["loaded"] == 1, second
+    assert second["prewarm"]["threads"] == 1 and second["prewarm"]["calls"] >= 2, second

@@ -41,6 +41,7 @@ def main():
         "packages": s["packages"], "package_fallbacks": s["package_fallbacks"],
         "dynamo_frames": counters["stats"].get("unique_graphs", 0),
         "compiles": s["compiles"], "hits": s["hits"], "fallbacks": s["graph_fallbacks"], "plan_calls": s["plan_calls"],
+        "prewarm": s["prewarm"],
     }))
 
 

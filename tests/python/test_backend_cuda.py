@@ -213,3 +213,62 @@ def test_library_step_plan_errors(monkeypatch):
     bad.plan.steps[0].library.args[3] = 0  # a C value without c_kind
     with pytest.raises(executor.PlanError, match="does not match the params"):
         PlanExecutor(bad, graph)
+
+
+class ConvNet(torch.nn.Module):
+    """Two convolutions of one kind and one of another (prewarm runs each kind once)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Conv2d(4, 4, 3, padding=1)
+        self.b = torch.nn.Conv2d(4, 4, 3, padding=1)
+        self.c = torch.nn.Conv2d(4, 8, 1, stride=2, bias=False)
+
+    def forward(self, x):
+        return self.c(torch.relu(self.b(torch.relu(self.a(x)))))
+
+
+def test_prewarm_calls_of_kilnds_cuda_plans(monkeypatch):
+    """kiln.prewarm reads kilnd's real CUDA plans for a conv net (inference, then training's forward
+    and backward): one warm call per distinct convolution, with arguments the op accepts. Run here
+    on CPU scratch tensors (same op, shapes, strides, dtypes and constants as the GPU would get);
+    tests/gpu/test_cuda_backend.py runs them in the background of a kiln.compile load."""
+    from kiln import prewarm
+
+    nvrtc = nvrtc_library()
+    if nvrtc is None:
+        pytest.skip("no NVRTC library for kilnd's CUDA compiles")
+    monkeypatch.setattr(executor, "_device_guard", lambda index: contextlib.nullcontext())
+    x = torch.randn(2, 4, 8, 8)
+    server = Kilnd(f"--nvrtc={nvrtc}")
+    try:
+        infer = cuda_artifacts(server, ConvNet(), x, False)
+        train = cuda_artifacts(server, ConvNet(), x, True)
+    finally:
+        assert server.stop() == 0
+    deduped = 0
+    for (request, response), forward in zip(infer + train, (True, True, False)):
+        ex = PlanExecutor(response.artifact, request.graph, runtime_loader=FakeRuntime,
+                          device=kiln.backend.graph_device(request.graph))
+        steps = [s for s in ex._steps if s[0] == "aten" and str(s[1]) in prewarm.WARM_OPS]
+        calls = prewarm.calls(ex, torch.device("cuda", 0))
+        assert len({(str(op), repr(args)) for op, args, _ in calls}) == len(calls) <= len(steps) == 3
+        deduped += len(steps) - len(calls)
+        assert {str(op) for op, _, _ in calls} == {"aten.convolution.default" if forward
+                                                   else "aten.convolution_backward.default"}
+        weight = 1 if forward else 2  # convolution(input, weight, ...), convolution_backward(grad, input, weight, ...)
+        assert {args[weight][1] for _, args, _ in calls} == {(4, 4, 3, 3), (8, 4, 1, 1)}
+        cpu = torch.device("cpu")
+        for op, args, kwargs in calls:  # the arguments are ones the op accepts
+            out = op(*prewarm._build(args, cpu), **{k: prewarm._build_one(v, cpu) for k, v in kwargs.items()})
+            assert out is not None
+    assert deduped >= 1  # conv a and conv b read alike-laid-out inputs in at least one plan
+    assert kiln.stats()["prewarm"]["skipped"] == 0
+
+
+def test_prewarm_starts_no_thread_for_a_graph_without_plans():
+    """(CPU packages: test_compile_api's second process starts none either.)"""
+    from kiln import prewarm
+
+    assert prewarm.start_for_graph(type("Graph", (), {"specs": []})()) is None
+    assert kiln.stats()["prewarm"] == {"threads": 0, "calls": 0, "skipped": 0, "errors": 0}

@@ -82,6 +82,8 @@ def test_a_second_process_loads_the_package_and_skips_dynamo(tmp_path):
     # Second: both loaded from kilnd; Dynamo traced nothing, kilnd compiled nothing.
     assert second["packages"]["loaded"] == 2 and second["packages"]["captured"] == 0, second
     assert second["dynamo_frames"] == 0 and second["compiles"] == 0 and second["hits"] >= 3, second
+    # CPU plans: nothing for option prewarm to warm (tests/gpu/test_cuda_backend.py has CUDA's).
+    assert second["prewarm"]["threads"] == 0 and second["prewarm"]["errors"] == 0, second
     # Third: the traced source changed, so the packages were stale and captured again.
     assert third["packages"]["stale"] == 2 and third["packages"]["captured"] == 2, third
 

@@ -282,6 +282,7 @@ class _Session:
         self.fn = fn
         # Option aot_cache: AOTAutograd caches this frame's graphs (kiln.aot_cache).
         self.aot_cached = opts.aot_cache and aot_cache.available()
+        self.on_graph_loaded = None  # kiln.aot_cache calls it with each graph it loaded
 
     def compiler(self, kind):
         def compile_fn(gm, example_inputs):

@@ -24,8 +24,11 @@ Counted once per graph (not per call):
                    in kilnd, misses (kilnd had none), stale (traced sources changed), guard_misses
                    (kilnd's package did not fit these inputs), errors; ``package_fallbacks``: functions
                    that went to torch.compile's path instead, by cause
+  prewarm          option prewarm (kiln.prewarm): warm-up threads started for loaded CUDA plans,
+                   convolution calls they ran, steps skipped (symbolic sizes, too large), errors
 Times, in seconds, summed over requests: ``client_time_s`` (serialize, rpc, load; package_load:
-kiln.compile's GetPackage, unpickling and guard building of the packages it used) and
+kiln.compile's GetPackage, unpickling and guard building of the packages it used; prewarm: the
+warm-up threads' seconds, in the background, not part of any call) and
 ``server_time_s`` (the phases of CompileResponse.timings).
 Does not import torch.
 """
@@ -59,7 +62,8 @@ def _fresh():
         "packages": {"loaded": 0, "captured": 0, "stored": 0, "misses": 0, "stale": 0,
                      "guard_misses": 0, "errors": 0},
         "package_fallbacks": {},
-        "client_time_s": {"serialize": 0.0, "rpc": 0.0, "load": 0.0, "package_load": 0.0},
+        "prewarm": {"threads": 0, "calls": 0, "skipped": 0, "errors": 0},
+        "client_time_s": {"serialize": 0.0, "rpc": 0.0, "load": 0.0, "package_load": 0.0, "prewarm": 0.0},
         "server_time_s": {},
         "keys": [],  # keys of the graphs seen, in order (for tests and debugging), bounded
     }

@@ -20,6 +20,7 @@
 | cuda_graphs               | KILN_CUDA_GRAPHS               | False (True: CUDA plans replay captured CUDA graphs, kiln.cuda_graphs) |
 | prefetch_backward         | KILN_PREFETCH_BACKWARD         | True (a training graph's backward is sent to Compile when the partitioner makes it, not at the first backward) |
 | aot_cache                 | KILN_AOT_CACHE                 | False (experimental: AOTAutograd's cache keeps kiln's graphs, so a new process skips AOTAutograd: kiln.aot_cache) |
+| prewarm                   | KILN_PREWARM                   | True (kiln.compile: a loaded CUDA plan's convolutions run once on scratch tensors in a background thread while the package's guards build, kiln.prewarm) |
 
 Booleans accept 1/0, true/false, yes/no, on/off. Unknown option names are an error (a typo must not
 silently change nothing). This module does not import torch.
@@ -95,6 +96,7 @@ class Options:
     cuda_graphs: bool = False
     prefetch_backward: bool = True
     aot_cache: bool = False
+    prewarm: bool = True
 
     @property
     def embedded(self):
@@ -122,6 +124,7 @@ _ENV = {
     "cuda_graphs": "KILN_CUDA_GRAPHS",
     "prefetch_backward": "KILN_PREFETCH_BACKWARD",
     "aot_cache": "KILN_AOT_CACHE",
+    "prewarm": "KILN_PREWARM",
 }
 ENV_VARS = dict(_ENV)
 
