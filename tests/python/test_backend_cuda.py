@@ -266,6 +266,43 @@ def test_prewarm_calls_of_kilnds_cuda_plans(monkeypatch):
     assert kiln.stats()["prewarm"]["skipped"] == 0
 
 
+class NormFirst(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.ln, self.fc1, self.fc2 = torch.nn.LayerNorm(16), torch.nn.Linear(16, 32), torch.nn.Linear(32, 16)
+
+    def forward(self, x):
+        return self.fc2(torch.nn.functional.gelu(self.fc1(self.ln(x)))).softmax(-1)
+
+
+def test_prewarm_calls_include_torchs_kernels_run_as_aten_steps(monkeypatch):
+    """Training plans for CUDA (kilnd's) of a layer norm on an input that needs its gradient: the
+    aten steps kiln leaves to torch that read no indices (here the layer norm's backward) are
+    warmed too, and run on CPU scratch tensors."""
+    from kiln import prewarm
+
+    nvrtc = nvrtc_library()
+    if nvrtc is None:
+        pytest.skip("no NVRTC library for kilnd's CUDA compiles")
+    monkeypatch.setattr(executor, "_device_guard", lambda index: contextlib.nullcontext())
+    server = Kilnd(f"--nvrtc={nvrtc}")
+    try:
+        pairs = cuda_artifacts(server, NormFirst(), torch.randn(8, 16, requires_grad=True), True)
+    finally:
+        assert server.stop() == 0
+    ops = []
+    for request, response in pairs:
+        ex = PlanExecutor(response.artifact, request.graph, runtime_loader=FakeRuntime,
+                          device=kiln.backend.graph_device(request.graph))
+        aten = [str(s[1]) for s in ex._steps if s[0] == "aten"]
+        for op, args, kwargs in prewarm.calls(ex, torch.device("cuda", 0)):
+            assert str(op) in aten and str(op) in prewarm.WARM_OPS
+            ops.append(str(op))
+            cpu = torch.device("cpu")
+            op(*prewarm._build(args, cpu), **{k: prewarm._build_one(v, cpu) for k, v in kwargs.items()})
+    assert "aten.native_layer_norm_backward.default" in ops, ops
+
+
 def test_prewarm_starts_no_thread_for_a_graph_without_plans():
     """(CPU packages: test_compile_api's second process starts none either.)"""
     from kiln import prewarm

@@ -1,5 +1,6 @@
 """Option prewarm: a CUDA plan loaded without tracing (kiln.compile's packages) runs its
-convolutions once, on scratch tensors, in a background thread while the process goes on loading.
+convolutions and other library-backed aten steps (WARM_OPS) once, on scratch tensors, in a
+background thread while the process goes on loading.
 
 Why: the first convolution of each kind in a process costs cuDNN's one-time work (its libraries
 and kernels loaded into the CUDA context, engines chosen), about 0.3 s for ResNet-50 fp16 on an
@@ -8,12 +9,15 @@ the process: after a forward in another thread, the main thread's first forward 
 package's graphs are loaded before torch builds the package's guards (3,000 of them for
 ResNet-50, about 0.2 s of Python), so the convolutions can warm meanwhile.
 
-What runs: each distinct aten convolution step of the plan (same op, shapes, strides, dtypes and
+The same holds, smaller, for torch's kernels that a plan runs as aten steps (a layer norm's
+backward: 9 ms at its first call in a training block's first backward, CUDA loading the module).
+
+What runs: each distinct WARM_OPS step of the plan (same op, shapes, strides, dtypes and
 constant arguments once), with inputs from torch.empty_strided (never read back) on the device
 and stream that were current when the graph loaded, under no_grad. Steps with symbolic sizes, or
-needing more than MAX_SCRATCH_BYTES of inputs, are skipped. Nothing here can fail a load: an
-exception ends the warm-up and is logged (logger "kiln", debug level). The thread is joined at
-exit. Counted in kiln.stats()["prewarm"] and client_time_s["prewarm"]."""
+needing more than MAX_SCRATCH_BYTES of inputs, are skipped. Nothing here can fail a load: a
+call that raises is counted as an error, logged (logger "kiln", debug level) and passed over.
+The thread is joined at exit. Counted in kiln.stats()["prewarm"] and client_time_s["prewarm"]."""
 
 import atexit
 import logging
@@ -24,14 +28,35 @@ from kiln import counters as stats_mod
 
 log = logging.getLogger("kiln")
 
-# aten ops whose first call in a process does one-time library work worth overlapping.
+# aten ops whose first call in a process does one-time work worth overlapping (cuDNN's and cuBLAS's
+# setup; torch's own kernels, which CUDA loads module by module at first use) and that read their
+# tensor inputs as plain numbers only: no indices, so the garbage in a scratch tensor cannot
+# address memory (max_pool2d_with_indices_backward, embeddings, gathers... are not here).
 WARM_OPS = frozenset({
     "aten.convolution.default",
     "aten._convolution.default",
     "aten.convolution_backward.default",
     "aten.cudnn_convolution.default",
+    "aten.native_layer_norm.default",
+    "aten.native_layer_norm_backward.default",
+    "aten.native_group_norm.default",
+    "aten.native_group_norm_backward.default",
+    "aten._softmax.default",
+    "aten._softmax_backward_data.default",
+    "aten._log_softmax.default",
+    "aten._log_softmax_backward_data.default",
+    "aten.mm.default",
+    "aten.addmm.default",
+    "aten.bmm.default",
+    "aten.baddbmm.default",
+    "aten._scaled_dot_product_flash_attention.default",
+    "aten._scaled_dot_product_flash_attention_backward.default",
+    "aten._scaled_dot_product_efficient_attention.default",
+    "aten._scaled_dot_product_efficient_attention_backward.default",
+    "aten._scaled_dot_product_cudnn_attention.default",
+    "aten._scaled_dot_product_cudnn_attention_backward.default",
 })
-MAX_SCRATCH_BYTES = 1 << 30  # inputs of one warm call
+MAX_SCRATCH_BYTES = 256 << 20  # inputs of one warm call (its outputs and workspace come on top)
 
 _threads = []
 _threads_lock = threading.Lock()
@@ -39,8 +64,9 @@ _threads_lock = threading.Lock()
 
 def calls(executor, device):
     """[(op, args, kwargs)] of `executor`'s distinct warmable aten steps, with scratch-tensor
-    specs ("t", sizes, strides, dtype) where the plan reads a value; steps it cannot describe
+    specs ("t", sizes, strides, dtype, on the CPU) where the plan reads a value; steps it cannot describe
     statically are counted as skipped."""
+    from kiln import proto
     from kiln.guards import eval_symint
 
     out, seen = [], set()
@@ -59,7 +85,8 @@ def calls(executor, device):
                 strides = tuple(eval_symint(s, {}) for s in meta.strides)
                 if len(strides) != len(sizes):
                     strides = _contiguous(sizes)
-                return ("t", sizes, strides, executor._dtypes[tree[1]])
+                on_cpu = meta.HasField("device") and meta.device.kind == proto.DEVICE_KIND_CPU
+                return ("t", sizes, strides, executor._dtypes[tree[1]], on_cpu)
             if tag == "device":
                 return ("c", device)
             if tag == "list":
@@ -135,11 +162,12 @@ def _run(work, stream):
     try:
         with torch.no_grad(), torch.cuda.device(stream.device), torch.cuda.stream(stream):
             for device, (op, args, kwargs) in work:
-                op(*_build(args, device), **{k: _build_one(v, device) for k, v in kwargs.items()})
-                done += 1
-    except Exception as e:
-        stats_mod.add_to("prewarm", "errors")
-        log.debug("kiln prewarm: stopped after %d calls: %s: %s", done, type(e).__name__, e)
+                try:
+                    op(*_build(args, device), **{k: _build_one(v, device) for k, v in kwargs.items()})
+                    done += 1
+                except Exception as e:  # e.g. an attention kernel refusing these sizes: the next one
+                    stats_mod.add_to("prewarm", "errors")
+                    log.debug("kiln prewarm: %s: %s: %s", op, type(e).__name__, e)
     finally:
         stats_mod.add_to("prewarm", "calls", done)
         stats_mod.add_to("client_time_s", "prewarm", time.perf_counter() - start)
@@ -155,8 +183,8 @@ def _build_one(s, device):
     tag = s[0]
     if tag == "c":
         return s[1]
-    if tag == "t":
-        return torch.empty_strided(s[1], s[2], dtype=s[3], device=device)
+    if tag == "t":  # (sizes, strides, dtype, on the CPU: e.g. an attention's random seed)
+        return torch.empty_strided(s[1], s[2], dtype=s[3], device="cpu" if s[4] else device)
     items = _build(s[1], device)
     return tuple(items) if s[2] else items
 
@@ -184,7 +212,7 @@ def _contiguous(sizes):
 def _scratch_bytes(specs):
     total = 0
     for s in specs:
-        if s[0] == "t":
+        if s[0] == "t" and not s[4]:
             extent = 1 + sum((n - 1) * st for n, st in zip(s[1], s[2]) if n > 0)
             total += extent * s[3].itemsize if all(n > 0 for n in s[1]) else 0
         elif s[0] == "list":
