@@ -272,7 +272,7 @@ def test_cuda_graph_mode_with_new_input_buffers_each_call(server):
 def test_kiln_compile_package_prewarms_its_convolutions(server):
     """A second process loading a conv net's package (kiln.compile) warms its convolutions in a
     background thread (option prewarm, kiln.prewarm) and still matches eager; the first process,
-    which captured the package, warms nothing."""
+    which captured the package, warms only cuDNN's libraries."""
     import json
     import subprocess
 
@@ -286,6 +286,8 @@ def test_kiln_compile_package_prewarms_its_convolutions(server):
     first, second = child(), child()
     for run in (first, second):
         assert run["match"] and run["fallbacks"] == 0 and run["prewarm"]["errors"] == 0, run
-    assert first["packages"]["captured"] == 1 and first["prewarm"]["threads"] == 0, first
+    # Both: one tiny convolution at the first call (cuDNN's libraries load while kilnd is asked).
+    assert first["packages"]["captured"] == 1 and first["prewarm"]["threads"] == 1, first
     assert second["packages"]["loaded"] == 1, second
-    assert second["prewarm"]["threads"] == 1 and second["prewarm"]["calls"] >= 2, second
+    # The second: then the package's convolutions (three kinds) once its plans are loaded.
+    assert second["prewarm"]["threads"] == 2 and second["prewarm"]["calls"] >= 1 + 3, second

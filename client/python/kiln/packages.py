@@ -139,6 +139,10 @@ class CompiledFunction:
             return self._use_fallback("key", f"cannot describe the inputs of {self.name} "
                                       f"({type(e).__name__}: {e})")
         client = self._client()
+        if client is not None and self._opts.prewarm and self._module is not None:
+            from kiln import prewarm
+
+            prewarm.start_library_init(self._module)  # cuDNN loads while the package is fetched
         variant = self._load(client, key, call_args, kwargs, state) if client is not None else None
         if variant is None:
             variant = self._capture(client, key, call_args, kwargs, state)
