@@ -191,6 +191,34 @@ TEST(FuseTest, SoftmaxGolden) {
 )");
 }
 
+// native_layer_norm_backward with all three gradients: the grad_input row op is added before the
+// weight/bias one is built; the second must not read the input's sizes through a reference into
+// the value table the first one grew (it used to: garbage sizes, a fallback, or worse). The
+// leading pointwise ops vary the table's size so that some graph crosses a capacity boundary.
+TEST(FuseTest, LayerNormBackwardWithAllThreeGradientsCompiles) {
+  for (int extra = 0; extra < 20; ++extra) {
+    GraphBuilder b;
+    b.Input("go", C32({8, 16})).Input("x", C32({8, 16})).Input("mean", C32({8, 1}))
+        .Input("rstd", C32({8, 1})).Input("w", C32({16})).Input("bias", C32({16}));
+    std::string g = "go";
+    for (int i = 0; i < extra; ++i) {
+      const std::string next = absl::StrCat("g", i);
+      b.Call(next, "aten.mul.Tensor", {Ref(g), F(1.0 + i)}, C32({8, 16}));
+      g = next;
+    }
+    b.Call("lnb", "aten.native_layer_norm_backward.default",
+           {Ref(g), Ref("x"), Ints({16}), Ref("mean"), Ref("rstd"), Ref("w"), Ref("bias"), L({B(true), B(true), B(true)})},
+           Tuple({C32({8, 16}), C32({16}), C32({16})}))
+        .Call("gi", "operator.getitem", {Ref("lnb"), I(0)}, C32({8, 16}))
+        .Call("gw", "operator.getitem", {Ref("lnb"), I(1)}, C32({16}))
+        .Call("gb", "operator.getitem", {Ref("lnb"), I(2)}, C32({16}))
+        .Output({"gi", "gw", "gb"});
+    const Result r = Pipeline(b.Build());
+    EXPECT_EQ(r.aten, 0) << "extra " << extra << "\n" << Log(r);
+    EXPECT_EQ(r.kernels.kernels.size(), 2u) << "extra " << extra;  // per row, per column
+  }
+}
+
 TEST(FuseTest, LayerNormGolden) {
   GraphBuilder b;
   b.Input("x", C32({4, 5, 32})).Input("w", C32({32})).Input("bias", C32({32}))

@@ -36,18 +36,20 @@ absl::Status LowerLayerNormBackward(Lowerer& l, int32_t node_index) {
   if (n.args[5].kind == Arg::Kind::kValue) {
     KILN_ASSIGN_OR_RETURN(w, l.KernelValueOf(n.args[5]));
   }
-  const LValue& in = l.g().values[x];
-  const int rank = static_cast<int>(in.sizes.size());
+  // Copies: the first row op's Finish adds values, which may move l.g().values.
+  const std::vector<int64_t> in_sizes = l.g().values[x].sizes;
+  const ScalarType in_dtype = l.g().values[x].dtype;
+  const int rank = static_cast<int>(in_sizes.size());
   const int nd = static_cast<int>(n.args[2].list.size());
-  if (!k::IsFloatType(in.dtype) || nd < 1 || nd >= rank || l.g().values[go].sizes != in.sizes) {
+  if (!k::IsFloatType(in_dtype) || nd < 1 || nd >= rank || l.g().values[go].sizes != in_sizes) {
     return absl::UnimplementedError("layer norm backward shapes");
   }
   for (int32_t s : {mean, rstd}) {
-    if (l.g().values[s].sizes.size() != in.sizes.size()) return absl::UnimplementedError("layer norm stats rank");
+    if (l.g().values[s].sizes.size() != in_sizes.size()) return absl::UnimplementedError("layer norm stats rank");
   }
   int64_t count = 1;
-  for (int d = rank - nd; d < rank; ++d) count *= in.sizes[d];
-  const ScalarType ct = ComputeType(in.dtype);
+  for (int d = rank - nd; d < rank; ++d) count *= in_sizes[d];
+  const ScalarType ct = ComputeType(in_dtype);
   const std::vector<int64_t> ms = l.g().values[mean].sizes, rs = l.g().values[rstd].sizes;
   const std::vector<int64_t> ws = w >= 0 ? l.g().values[w].sizes : std::vector<int64_t>{};
   const ElemFn xhat = [=](LoadContext& ctx, const std::vector<Affine>& idx) -> ExprOr {
@@ -69,7 +71,7 @@ absl::Status LowerLayerNormBackward(Lowerer& l, int32_t node_index) {
   if (wants(0)) {
     RowBuilder a{l, node_index, n, RowOp{}, {}};
     a.row.name = "native_layer_norm_backward";
-    a.row.domain = in.sizes;
+    a.row.domain = in_sizes;
     for (int d = rank - nd; d < rank; ++d) a.row.reduce_dims.push_back(d);
     a.row.inputs = inputs;
     a.row.composite = true;
@@ -93,7 +95,7 @@ absl::Status LowerLayerNormBackward(Lowerer& l, int32_t node_index) {
   if (wants(1) || wants(2)) {
     RowBuilder c{l, node_index, n, RowOp{}, {}};
     c.row.name = "native_layer_norm_backward_params";
-    c.row.domain = in.sizes;
+    c.row.domain = in_sizes;
     for (int d = 0; d < rank - nd; ++d) c.row.reduce_dims.push_back(d);
     c.row.inputs = inputs;
     c.row.accs.push_back({AccKind::kSum, ct, [=](LoadContext& ctx, const std::vector<Affine>& idx) {
@@ -146,18 +148,20 @@ absl::Status LowerBatchNorm(Lowerer& l, int32_t node_index) {
   };
   const int xi = bwd ? 1 : 0;
   KILN_ASSIGN_OR_RETURN(const int32_t x, l.KernelValueOf(n.args[xi]));
-  const LValue& in = l.g().values[x];
-  const int rank = static_cast<int>(in.sizes.size());
-  if (rank < 2 || !k::IsFloatType(in.dtype)) return absl::UnimplementedError("batch norm input");
-  const int64_t channels = in.sizes[1];
+  // Copies: adding values (l.Add, RowBuilder::Finish) may move l.g().values.
+  const std::vector<int64_t> in_sizes = l.g().values[x].sizes;
+  const ScalarType in_dtype = l.g().values[x].dtype;
+  const int rank = static_cast<int>(in_sizes.size());
+  if (rank < 2 || !k::IsFloatType(in_dtype)) return absl::UnimplementedError("batch norm input");
+  const int64_t channels = in_sizes[1];
   int64_t count = 1;
   std::vector<int> reduce;
   for (int d = 0; d < rank; ++d) {
     if (d == 1) continue;
     reduce.push_back(d);
-    count *= in.sizes[d];
+    count *= in_sizes[d];
   }
-  const ScalarType ct = ComputeType(in.dtype);
+  const ScalarType ct = ComputeType(in_dtype);
   // Per-channel vectors are read at [c]: from a domain index, or from a body index [c] / [1, c, 1..].
   auto chan = [](const std::vector<Affine>& idx) { return std::vector<Affine>{idx.size() == 1 ? idx[0] : idx[1]}; };
   auto per_channel = [&](int32_t v) -> bool {
@@ -190,7 +194,7 @@ absl::Status LowerBatchNorm(Lowerer& l, int32_t node_index) {
     };
     if (!training) {
       KILN_ASSIGN_OR_RETURN(LValue v, l.NewValue(node_index, n.type.items[0].tensor, ValueKind::kPointwise));
-      if (v.sizes != in.sizes) return absl::UnimplementedError("batch norm output shape");
+      if (v.sizes != in_sizes) return absl::UnimplementedError("batch norm output shape");
       v.op = "batch_norm";
       v.inputs = {x, rm, rv};
       if (w >= 0) v.inputs.push_back(w);
@@ -233,7 +237,7 @@ absl::Status LowerBatchNorm(Lowerer& l, int32_t node_index) {
     }
     RowBuilder rb{l, node_index, n, RowOp{}, {}};
     rb.row.name = "batch_norm";
-    rb.row.domain = in.sizes;
+    rb.row.domain = in_sizes;
     rb.row.reduce_dims = reduce;
     rb.row.inputs = {x, rm, rv};
     if (w >= 0) rb.row.inputs.push_back(w);
@@ -275,7 +279,7 @@ absl::Status LowerBatchNorm(Lowerer& l, int32_t node_index) {
   KILN_ASSIGN_OR_RETURN(const int32_t sm, opt(5));
   KILN_ASSIGN_OR_RETURN(const int32_t si, opt(6));
   if (n.args.size() < 10 || n.args[7].kind != Arg::Kind::kBool || n.args[9].kind != Arg::Kind::kList ||
-      n.args[9].list.size() != 3 || l.g().values[go].sizes != in.sizes) {
+      n.args[9].list.size() != 3 || l.g().values[go].sizes != in_sizes) {
     return absl::UnimplementedError("batch norm backward arguments");
   }
   const bool train = n.args[7].b;
@@ -293,7 +297,7 @@ absl::Status LowerBatchNorm(Lowerer& l, int32_t node_index) {
   };
   RowBuilder rb{l, node_index, n, RowOp{}, {}};
   rb.row.name = "batch_norm_backward";
-  rb.row.domain = in.sizes;
+  rb.row.domain = in_sizes;
   rb.row.reduce_dims = reduce;
   rb.row.inputs = {go, x, mean, stat};
   if (w >= 0) rb.row.inputs.push_back(w);

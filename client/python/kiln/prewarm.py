@@ -9,8 +9,9 @@ the process: after a forward in another thread, the main thread's first forward 
 package's graphs are loaded before torch builds the package's guards (3,000 of them for
 ResNet-50, about 0.2 s of Python), so the convolutions can warm meanwhile.
 
-The same holds, smaller, for torch's kernels that a plan runs as aten steps (a layer norm's
-backward: 9 ms at its first call in a training block's first backward, CUDA loading the module).
+The same holds, smaller, for torch's kernels that a plan runs as aten steps (CUDA loads their
+modules at first use: a layer norm backward that kilnd had left to torch took 9 ms at its first
+call in a training block's first backward).
 
 What runs: each distinct WARM_OPS step of the plan (same op, shapes, strides, dtypes and
 constant arguments once), with inputs from torch.empty_strided (never read back) on the device
