@@ -297,9 +297,24 @@ absl::StatusOr<PwDef> Define(Lowerer& l, const Node& n, ScalarType out) {
     const std::string approx = static_cast<int>(n.args.size()) > approx_arg ? n.args[approx_arg].s : "none";
     if (approx != "none" && approx != "tanh") return absl::UnimplementedError("gelu approximation");
     if (!bwd) return unary(approx == "none" ? UnaryOp::kGelu : UnaryOp::kGeluTanh);
-    if (approx != "none") return absl::UnimplementedError("gelu_backward with tanh approximation");
     KILN_RETURN_IF_ERROR(opnd(0));
     KILN_RETURN_IF_ERROR(opnd(1));
+    if (approx == "tanh") {
+      d.combine = [](const std::vector<ExprOr>& x, ScalarType ct) -> ExprOr {
+        // gelu(x) = 0.5 x (1 + t), t = tanh(u), u = c (x + k x^3), c = sqrt(2 / pi), k = 0.044715:
+        // gelu'(x) = 0.5 (1 + t) + 0.5 x (1 - t^2) c (1 + 3 k x^2); times g.
+        const double c = 0.7978845608028654, kappa = 0.044715;
+        const ExprOr x2 = k::Mul(x[1], x[1]);
+        const ExprOr u = k::Mul(LiteralF(ct, c), k::Add(x[1], k::Mul(LiteralF(ct, kappa), k::Mul(x2, x[1]))));
+        const ExprOr t = k::Unary(UnaryOp::kTanh, u);
+        const ExprOr one = LiteralF(ct, 1.0);
+        const ExprOr du = k::Mul(LiteralF(ct, c), k::Add(one, k::Mul(LiteralF(ct, 3.0 * kappa), x2)));
+        const ExprOr left = k::Mul(LiteralF(ct, 0.5), k::Add(one, t));
+        const ExprOr right = k::Mul(k::Mul(k::Mul(LiteralF(ct, 0.5), x[1]), k::Sub(one, k::Mul(t, t))), du);
+        return k::Mul(x[0], k::Add(left, right));
+      };
+      return d;
+    }
     d.combine = [](const std::vector<ExprOr>& x, ScalarType ct) -> ExprOr {
       // cdf = 0.5 * (1 + erf(x / sqrt(2))); pdf = exp(-x^2 / 2) / sqrt(2 pi); g * (cdf + x * pdf)
       const ExprOr cdf = k::Mul(LiteralF(ct, 0.5), k::Add(LiteralF(ct, 1.0), k::Unary(UnaryOp::kErf,
