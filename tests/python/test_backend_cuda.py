@@ -264,6 +264,10 @@ def test_prewarm_calls_of_kilnds_cuda_plans(monkeypatch):
             assert out is not None
     assert deduped >= 1  # conv a and conv b read alike-laid-out inputs in at least one plan
     assert kiln.stats()["prewarm"]["skipped"] == 0
+    # Under cudnn.benchmark, convolutions are not warmed (their timing runs would compete).
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", True)
+    assert prewarm.calls(ex, torch.device("cuda", 0)) == []
+    assert kiln.stats()["prewarm"]["skipped"] >= 2
 
 
 class GroupNormNet(torch.nn.Module):

@@ -16,7 +16,8 @@ call in a training block's first backward).
 What runs: each distinct WARM_OPS step of the plan (same op, shapes, strides, dtypes and
 constant arguments once), with inputs from torch.empty_strided (never read back) on the device
 and stream that were current when the graph loaded, under no_grad. Steps with symbolic sizes, or
-needing more than MAX_SCRATCH_BYTES of inputs, are skipped. Nothing here can fail a load: a
+needing more than MAX_SCRATCH_BYTES of inputs, are skipped, and so are convolutions under
+torch.backends.cudnn.benchmark (its timing runs would compete with the main thread's). Nothing here can fail a load: a
 call that raises is counted as an error, logged (logger "kiln", debug level) and passed over.
 The thread is joined at exit. Counted in kiln.stats()["prewarm"] and client_time_s["prewarm"]."""
 
@@ -70,9 +71,17 @@ def calls(executor, device):
     from kiln import proto
     from kiln.guards import eval_symint
 
+    import torch
+
+    # cudnn.benchmark times candidate algorithms on the GPU: a warm-up timing them beside the
+    # main thread's own timing could make either pick a slower one. Convolutions are left alone then.
+    benchmark = torch.backends.cudnn.benchmark
     out, seen = [], set()
     for step in getattr(executor, "_steps", ()):
         if step[0] != "aten" or str(step[1]) not in WARM_OPS:
+            continue
+        if benchmark and "convolution" in str(step[1]):
+            stats_mod.add_to("prewarm", "skipped")
             continue
         _, op, args, kwargs, _, _ = step
 
