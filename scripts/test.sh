@@ -36,7 +36,8 @@ kiln_say "Python tests passed ($((SECONDS - start)) s)"
 
 # The graph importer takes untrusted bytes: its fuzz, import and verifier tests also run under
 # AddressSanitizer + UBSan; so does the lowering pipeline's fuse_test (lowering grows value tables
-# while it reads them: a reference kept across a growth was a heap-use-after-free once). --symlink_prefix=/ leaves bazel-bin pointing at the normal build.
+# while it reads them: a reference kept across a growth was a heap-use-after-free once).
+# --symlink_prefix=/ leaves bazel-bin pointing at the normal build.
 start=$SECONDS
 kiln_say "running the graph importer's fuzz and verifier tests and the lowering pipeline's tests under ASan/UBSan (bazel test --config=asan)"
 UBSAN_OPTIONS=halt_on_error=1 kiln_bazel test --config=asan --symlink_prefix=/ --test_output=errors \
@@ -44,3 +45,19 @@ UBSAN_OPTIONS=halt_on_error=1 kiln_bazel test --config=asan --symlink_prefix=/ -
   //server/graph:fuzz_test //server/graph:import_test //server/graph:verify_test \
   //server/graph:graph_path_test //server/lower:fuse_test
 kiln_say "ASan tests passed ($((SECONDS - start)) s)"
+
+# kilnd itself under AddressSanitizer + UBSan, serving the Python suites (every graph they send:
+# the corpus on CPU and compiled for CUDA, models, backend, packages, admin): a memory error in the
+# daemon aborts it and fails the run. The NVRTC worker stays the normal build (it caps its own
+# address space, where ASan's shadow memory does not fit). Leak checking is off: tests assert
+# kilnd's exit status, and process-lifetime globals (gRPC, Abseil) are not what this looks for.
+start=$SECONDS
+kiln_say "building kilnd under ASan/UBSan and running the Python tests against it"
+kiln_bazel build --config=asan --symlink_prefix=/ //server:kilnd
+asan_dir="$(mktemp -d)"
+trap 'rm -rf "$asan_dir"' EXIT
+cp "$(cd "$KILN_ROOT" && bazel info --config=asan bazel-bin)/server/kilnd" "$asan_dir/kilnd"
+cp "$KILN_ROOT/bazel-bin/server/toolchain/kiln_nvrtc_worker" "$asan_dir/kiln_nvrtc_worker"
+ASAN_OPTIONS=detect_leaks=0:halt_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+  KILND="$asan_dir/kilnd" "$KILN_ROOT/.venv/bin/python" -m pytest -q -p no:cacheprovider tests/python
+kiln_say "Python tests against an ASan kilnd passed ($((SECONDS - start)) s)"
