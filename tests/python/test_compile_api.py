@@ -171,3 +171,17 @@ def test_a_function_with_keyword_arguments_and_a_train_eval_switch():
         assert s["packages"]["captured"] == 4 and s["graph_fallbacks"] == 0, s
     finally:
         assert server.stop() == 0
+
+
+def test_load_hooks_swap_torch_attributes_only_during_a_load():
+    """The two hooks a package load runs under (terse guard descriptions, one FakeTensorMode for
+    guard tensors) change torch only inside the load and put torch's own functions back."""
+    from torch._dynamo import guards
+
+    original_describe = guards.get_verbose_code_part
+    original_unpickle = guards.GuardsStatePickler.__dict__.get("_unpickle_tensor")
+    with packages._guard_descriptions_without_source_lines(), packages._one_fake_mode_for_guard_tensors():
+        assert guards.get_verbose_code_part("x.size(0) == 8", None) == "x.size(0) == 8"
+        assert guards.get_verbose_code_part is not original_describe
+    assert guards.get_verbose_code_part is original_describe
+    assert guards.GuardsStatePickler.__dict__.get("_unpickle_tensor") is original_unpickle
