@@ -17,9 +17,9 @@ What runs: each distinct WARM_OPS step of the plan (same op, shapes, strides, dt
 constant arguments once), with inputs from torch.empty_strided (never read back) on the device
 and stream that were current when the graph loaded, under no_grad. Steps with symbolic sizes, or
 needing more than MAX_SCRATCH_BYTES of inputs, are skipped, and so are convolutions under
-torch.backends.cudnn.benchmark (its timing runs would compete with the main thread's). Nothing here can fail a load: a
-call that raises is counted as an error, logged (logger "kiln", debug level) and passed over.
-The thread is joined at exit. Counted in kiln.stats()["prewarm"] and client_time_s["prewarm"]."""
+torch.backends.cudnn.benchmark (its timing runs would compete with the main thread's). Nothing
+here can fail a load: a call that raises is counted as an error, logged (logger "kiln", debug
+level) and passed over. The thread is joined at exit. Counted in kiln.stats()["prewarm"] and client_time_s["prewarm"]."""
 
 import atexit
 import logging
@@ -65,13 +65,13 @@ _threads_lock = threading.Lock()
 
 
 def calls(executor, device):
-    """[(op, args, kwargs)] of `executor`'s distinct warmable aten steps, with scratch-tensor
-    specs ("t", sizes, strides, dtype, on the CPU) where the plan reads a value; steps it cannot describe
-    statically are counted as skipped."""
+    """[(op, args, kwargs)] of `executor`'s distinct warmable aten steps, with scratch-tensor specs
+    ("t", sizes, strides, dtype, on the CPU) where the plan reads a value; steps it cannot
+    describe statically are counted as skipped."""
+    import torch
+
     from kiln import proto
     from kiln.guards import eval_symint
-
-    import torch
 
     # cudnn.benchmark times candidate algorithms on the GPU: a warm-up timing them beside the
     # main thread's own timing could make either pick a slower one. Convolutions are left alone then.
