@@ -21,6 +21,13 @@ COMPILE_WORKLOADS = ["block_train", "resnet50_fp16"]
 # Rough seconds per workload on an H200 with Inductor, for --time-budget (one process per warm row;
 # --warm-repeats adds more).
 EST_C = {"block_train": 75, "resnet50_fp16": 170}
+EST_WARM = {"block_train": 12, "resnet50_fp16": 20}  # one more warm process (--warm-repeats)
+
+
+def compile_estimate(args, workload):
+    """Seconds section c's rows of `workload` should take (EST_C, plus the extra warm processes)."""
+    warm_rows = 2 if args.kiln_compile_only else 3 - bool(args.no_kiln_compile)
+    return EST_C.get(workload, 60) + max(0, args.warm_repeats - 1) * warm_rows * EST_WARM.get(workload, 20)
 
 
 @functools.lru_cache(maxsize=None)
@@ -336,7 +343,7 @@ def section_c(args, kilnd_binary, problems, over_budget):
                            "kiln.compile warm: package load s",
                            "warm first call: garbage collector s, Ind. / kiln / kiln.compile"])
     for wl in names:
-        if over_budget(args, EST_C.get(wl, 60), "c"):
+        if over_budget(args, compile_estimate(args, wl), "c"):
             rows.append([wl] + ["-"] * 21 + ["skipped: --time-budget"])
             args.skipped.append(f"(c) {wl}")
             continue

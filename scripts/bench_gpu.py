@@ -60,7 +60,7 @@ import time
 _T_PROCESS = time.perf_counter()  # for the compile children: before torch is imported
 
 from bench_common import REPO, gx, log  # noqa: E402  (scripts/ is sys.path[0])
-from bench_compile import COMPILE_WORKLOADS, EST_C, compile_child, section_c  # noqa: E402
+from bench_compile import COMPILE_WORKLOADS, compile_child, compile_estimate, section_c  # noqa: E402
 
 sys.path.insert(0, os.path.join(REPO, "tests", "gpu"))
 import gpu_models as gm  # noqa: E402
@@ -83,7 +83,7 @@ def section_estimate(args, section):
     if section == "b":
         return f * sum(EST_B.get((m, mode), 30) for m in gm.MODEL_NAMES if not args.only or m in args.only
                        for mode in ("inference", "training"))
-    return f * sum(EST_C.get(w, 60) for w in COMPILE_WORKLOADS if not args.only or w in args.only)
+    return f * sum(compile_estimate(args, w) for w in COMPILE_WORKLOADS if not args.only or w in args.only)
 
 
 def over_budget(args, estimate, section):
@@ -95,6 +95,8 @@ def over_budget(args, estimate, section):
     later = args.sections_list[args.sections_list.index(section) + 1:]
     reserve = sum(section_estimate(args, s) for s in later)
     return time.time() - args.t_start + f * estimate + reserve > args.time_budget
+
+
 COPY_BYTES = 1 << 30
 
 
