@@ -88,7 +88,11 @@ def test_a_second_process_loads_the_package_and_skips_dynamo(tmp_path):
     assert third["packages"]["stale"] == 2 and third["packages"]["captured"] == 2, third
 
 
-def test_new_input_shapes_get_a_package_of_their_own():
+def test_new_input_shapes_get_a_package_of_their_own(monkeypatch):
+    from kiln import prewarm
+
+    waits = []
+    monkeypatch.setattr(prewarm, "wait", lambda timeout=None: waits.append(timeout))
     server = Kilnd()
     try:
         model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU())
@@ -100,6 +104,8 @@ def test_new_input_shapes_get_a_package_of_their_own():
         s = kiln.stats()
         assert s["packages"]["captured"] == 2 and s["packages"]["stored"] == 2, s["packages"]
         assert len(compiled._variants) == 2 and s["graph_fallbacks"] == 0, s
+        # The call that made each package waited for warm-ups (kiln.prewarm); the third did not.
+        assert len(waits) == 2, waits
     finally:
         assert server.stop() == 0
 

@@ -120,7 +120,12 @@ class CompiledFunction:
             if self._fallback is None:
                 variant = self._new_variant(call_args, kwargs, state)
                 if variant is not None:
-                    return variant.fn.fn(*call_args, **kwargs)
+                    out = variant.fn.fn(*call_args, **kwargs)
+                    if self._opts.prewarm:
+                        from kiln import prewarm
+
+                        prewarm.wait(timeout=60)  # no warm-up outlives this call (kiln.prewarm)
+                    return out
         return self._fallback(*args, **kwargs)
 
     def _new_variant(self, call_args, kwargs, state):

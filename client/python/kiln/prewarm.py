@@ -19,7 +19,13 @@ and stream that were current when the graph loaded, under no_grad. Steps with sy
 needing more than MAX_SCRATCH_BYTES of inputs, are skipped, and so are convolutions under
 torch.backends.cudnn.benchmark (its timing runs would compete with the main thread's). Nothing
 here can fail a load: a call that raises is counted as an error, logged (logger "kiln", debug
-level) and passed over. The thread is joined at exit. Counted in kiln.stats()["prewarm"] and client_time_s["prewarm"]."""
+level) and passed over.
+
+No warm-up outlives the kiln.compile call that loaded its package (the call waits for it before
+returning; normally it is long done by then): a CUDA graph capture made afterwards, by kiln's
+option cuda_graphs (from the second call) or by the caller (torch.cuda.graph's default "global"
+mode fails captures while another thread allocates or loads modules), never overlaps one.
+Counted in kiln.stats()["prewarm"] and client_time_s["prewarm"]."""
 
 import atexit
 import logging
@@ -195,11 +201,14 @@ def start_library_init(module):
 
 
 def wait(timeout=None):
-    """Waits for the warm-up threads started so far (tests; the exit handler)."""
+    """Waits for the warm-up threads started so far (kiln.compile, at the end of the call that
+    loaded a package; tests; the exit handler)."""
     with _threads_lock:
         threads = list(_threads)
     for t in threads:
         t.join(timeout)
+    with _threads_lock:
+        _threads[:] = [t for t in _threads if t.is_alive()]
 
 
 def _run(work, stream):
