@@ -134,11 +134,6 @@ grpc::ServerUnaryReactor* StartUnaryCall(
   return reactor;
 }
 
-absl::Status CompilerService::CheckAlive(grpc::CallbackServerContext* context,
-                                         const char* phase) const {
-  return CheckCallAlive(context, phase);
-}
-
 absl::Status CheckCallAlive(grpc::CallbackServerContext* context, const char* phase) {
   // The deadline first: gRPC also cancels a call whose deadline passed.
   if (absl::Now() >= DeadlineOf(context)) {
@@ -155,12 +150,12 @@ absl::StatusOr<CompilerService::Reply> CompilerService::Process(Method method,
                                                          grpc::CallbackServerContext* context,
                                                          grpc::ByteBuffer* request) {
   const bool lookup = method == Method::kLookup;
-  if (absl::Status s = CheckAlive(context, "queued"); !s.ok()) return s;
+  if (absl::Status s = CheckCallAlive(context, "queued"); !s.ok()) return s;
 
   if (options_.debug_delay > absl::ZeroDuration()) {
     absl::Time until = absl::Now() + options_.debug_delay;
     while (absl::Now() < until) {
-      if (absl::Status s = CheckAlive(context, "debug delay"); !s.ok()) return s;
+      if (absl::Status s = CheckCallAlive(context, "debug delay"); !s.ok()) return s;
       absl::SleepFor(absl::Milliseconds(5));
     }
   }
@@ -188,7 +183,7 @@ absl::StatusOr<CompilerService::Reply> CompilerService::Process(Method method,
       graph::PrepareGraph(*parsed, env_->limits, env_->IdentityFor(parsed->target()));
   if (!prepared_or.ok()) return prepared_or.status();
   auto prepared = std::make_shared<const graph::PreparedGraph>(*std::move(prepared_or));
-  if (absl::Status s = CheckAlive(context, "hashed"); !s.ok()) return s;
+  if (absl::Status s = CheckCallAlive(context, "hashed"); !s.ok()) return s;
 
   Reply reply;
   CompileResponse& response = reply.response;

@@ -4,7 +4,7 @@
 // The kiln.v1.Compiler service (Compile, Lookup; PutPackage and GetPackage are forwarded to
 // PackageService, package_service.h).
 //
-// Every method takes the request as raw bytes and parse it themselves, so that bytes that are not a
+// Every method takes the request as raw bytes and parses it itself, so that bytes that are not a
 // CompileRequest get INVALID_ARGUMENT (gRPC's generated handlers would answer INTERNAL). The work
 // runs on kilnd's RequestExecutor, never on gRPC's callback threads; a full queue answers
 // RESOURCE_EXHAUSTED. Every call honors the client's deadline and cancellation between phases.
@@ -67,11 +67,8 @@ class CompilerService final : public CompilerServiceBase {
     std::string artifact;
   };
   // Runs on the executor. Parses, checks and answers one call.
-  absl::StatusOr<Reply> Process(Method method,
-                                                    grpc::CallbackServerContext* context,
-                                                    grpc::ByteBuffer* request);
-  // OK, or DEADLINE_EXCEEDED / CANCELLED naming `phase`.
-  absl::Status CheckAlive(grpc::CallbackServerContext* context, const char* phase) const;
+  absl::StatusOr<Reply> Process(Method method, grpc::CallbackServerContext* context,
+                                grpc::ByteBuffer* request);
 
   // A stored entry's serialized artifact, or nullopt (counted and evicted) when the entry does not
   // decode. The store verified the entry's SHA-256 on read; artifacts of another format never

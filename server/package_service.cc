@@ -15,7 +15,8 @@
 namespace kiln {
 namespace {
 
-const char* MethodName(bool put) { return put ? "PutPackage" : "GetPackage"; }
+constexpr char kPut[] = "PutPackage";
+constexpr char kGet[] = "GetPackage";
 
 // "package_" + the lowercase status code, e.g. "package_invalid_argument".
 std::string PackageOutcome(const absl::Status& status) {
@@ -58,35 +59,26 @@ absl::StatusOr<std::string> OpenRequest(const char* method, grpc::CallbackServer
 PackageService::PackageService(int64_t max_package_bytes, const ServiceEnv* env)
     : max_package_bytes_(max_package_bytes), env_(env) {}
 
+// gRPC keeps `request` alive until Finish; the executor may consume it (hence the const_cast).
 grpc::ServerUnaryReactor* PackageService::Put(grpc::CallbackServerContext* context,
                                               const grpc::ByteBuffer* request,
                                               grpc::ByteBuffer* response) {
-  return Start(Method::kPut, context, request, response);
+  auto* bytes = const_cast<grpc::ByteBuffer*>(request);
+  return StartUnaryCall(env_, context, response, kPut, PackageOutcome,
+                        [this, context, bytes] { return ProcessPut(context, bytes); });
 }
 
 grpc::ServerUnaryReactor* PackageService::Get(grpc::CallbackServerContext* context,
                                               const grpc::ByteBuffer* request,
                                               grpc::ByteBuffer* response) {
-  return Start(Method::kGet, context, request, response);
-}
-
-grpc::ServerUnaryReactor* PackageService::Start(Method method,
-                                                grpc::CallbackServerContext* context,
-                                                const grpc::ByteBuffer* request,
-                                                grpc::ByteBuffer* response) {
-  // gRPC keeps `request` alive until Finish; the executor may consume it.
-  auto* mutable_request = const_cast<grpc::ByteBuffer*>(request);
-  const bool put = method == Method::kPut;
-  return StartUnaryCall(env_, context, response, MethodName(put), PackageOutcome,
-                        [this, put, context, mutable_request] {
-                          return put ? ProcessPut(context, mutable_request)
-                                     : ProcessGet(context, mutable_request);
-                        });
+  auto* bytes = const_cast<grpc::ByteBuffer*>(request);
+  return StartUnaryCall(env_, context, response, kGet, PackageOutcome,
+                        [this, context, bytes] { return ProcessGet(context, bytes); });
 }
 
 absl::StatusOr<std::string> PackageService::ProcessPut(grpc::CallbackServerContext* context,
                                                        grpc::ByteBuffer* request_bytes) {
-  const char* method = MethodName(true);
+  const char* method = kPut;
   kiln::v1::PutPackageRequest request;
   KILN_ASSIGN_OR_RETURN(const std::string store_key,
                         OpenRequest(method, context, max_package_bytes_, request_bytes, &request));
@@ -117,7 +109,7 @@ absl::StatusOr<std::string> PackageService::ProcessPut(grpc::CallbackServerConte
 
 absl::StatusOr<std::string> PackageService::ProcessGet(grpc::CallbackServerContext* context,
                                                        grpc::ByteBuffer* request_bytes) {
-  const char* method = MethodName(false);
+  const char* method = kGet;
   kiln::v1::GetPackageRequest request;
   KILN_ASSIGN_OR_RETURN(const std::string store_key,
                         OpenRequest(method, context, max_package_bytes_, request_bytes, &request));

@@ -32,10 +32,6 @@ class PackageService {
                                 const grpc::ByteBuffer* request, grpc::ByteBuffer* response);
 
  private:
-  enum class Method { kPut, kGet };
-
-  grpc::ServerUnaryReactor* Start(Method method, grpc::CallbackServerContext* context,
-                                  const grpc::ByteBuffer* request, grpc::ByteBuffer* response);
   // Run on the executor; each returns the serialized response.
   absl::StatusOr<std::string> ProcessPut(grpc::CallbackServerContext* context,
                                          grpc::ByteBuffer* request);
