@@ -87,6 +87,26 @@ def cuda_artifacts(server, model, x, training):
     return out
 
 
+def compiled_for_cuda(monkeypatch, *cases):
+    """[(request, response)] of every graph of each (model, x, training) case, from a kilnd
+    started here with NVRTC (skips without it); the executor's device guard is a no-op."""
+    nvrtc = nvrtc_library()
+    if nvrtc is None:
+        pytest.skip("no NVRTC library for kilnd's CUDA compiles")
+    monkeypatch.setattr(executor, "_device_guard", lambda index: contextlib.nullcontext())
+    server = Kilnd(f"--nvrtc={nvrtc}")
+    try:
+        return [pair for model, x, training in cases for pair in cuda_artifacts(server, model, x, training)]
+    finally:
+        assert server.stop() == 0
+
+
+def plan_executor(request, response, runtime=None):
+    """The executor of a CUDA artifact, its cubins loaded by `runtime` (default: a FakeRuntime)."""
+    return PlanExecutor(response.artifact, request.graph, runtime_loader=lambda: runtime or FakeRuntime(),
+                        device=kiln.backend.graph_device(request.graph))
+
+
 class FakeModule:
     def __init__(self):
         self.kernels = {}
@@ -111,16 +131,7 @@ class FakeRuntime:
 def test_kilnds_cuda_artifacts_pass_the_plan_checks(monkeypatch):
     """The plans kilnd really writes for CUDA (an MLP's inference, forward and backward graphs)
     load in the executor: cubins, kernel steps with grid/block, one launch table per batch."""
-    nvrtc = nvrtc_library()
-    if nvrtc is None:
-        pytest.skip("no NVRTC library for kilnd's CUDA compiles")
-    monkeypatch.setattr(executor, "_device_guard", lambda index: contextlib.nullcontext())
-    server = Kilnd(f"--nvrtc={nvrtc}")
-    try:
-        pairs = cuda_artifacts(server, MLP(), torch.randn(8, 16), False) + \
-            cuda_artifacts(server, MLP(), torch.randn(8, 16), True)
-    finally:
-        assert server.stop() == 0
+    pairs = compiled_for_cuda(monkeypatch, (MLP(), torch.randn(8, 16), False), (MLP(), torch.randn(8, 16), True))
     assert len(pairs) == 3
     for request, response in pairs:
         artifact = response.artifact
@@ -128,8 +139,7 @@ def test_kilnds_cuda_artifacts_pass_the_plan_checks(monkeypatch):
         assert artifact.target.device == proto.DEVICE_KIND_CUDA
         assert {b.kind for b in artifact.binaries} <= {proto.Binary.KIND_CUBIN, proto.Binary.KIND_PTX}
         rt = FakeRuntime()
-        ex = PlanExecutor(artifact, request.graph, runtime_loader=lambda: rt,
-                          device=kiln.backend.graph_device(request.graph))
+        ex = plan_executor(request, response, rt)
         assert ex.cuda and ex.kernel_steps > 0
         assert rt.loads and all(d == 0 and data == b"\x7fELF" for data, d in rt.loads)
         specs = [spec for kind, batch, *_ in ex._steps if kind == "cuda" for spec in batch]
@@ -235,21 +245,12 @@ def test_prewarm_calls_of_kilnds_cuda_plans(monkeypatch):
     tests/gpu/test_cuda_backend.py runs them in the background of a kiln.compile load."""
     from kiln import prewarm
 
-    nvrtc = nvrtc_library()
-    if nvrtc is None:
-        pytest.skip("no NVRTC library for kilnd's CUDA compiles")
-    monkeypatch.setattr(executor, "_device_guard", lambda index: contextlib.nullcontext())
     x = torch.randn(2, 4, 8, 8)
-    server = Kilnd(f"--nvrtc={nvrtc}")
-    try:
-        infer = cuda_artifacts(server, ConvNet(), x, False)
-        train = cuda_artifacts(server, ConvNet(), x, True)
-    finally:
-        assert server.stop() == 0
+    pairs = compiled_for_cuda(monkeypatch, (ConvNet(), x, False), (ConvNet(), x, True))
     deduped = 0
-    for (request, response), forward in zip(infer + train, (True, True, False)):
-        ex = PlanExecutor(response.artifact, request.graph, runtime_loader=FakeRuntime,
-                          device=kiln.backend.graph_device(request.graph))
+    for (request, response), forward in zip(pairs, (True, True, False)):
+        ex = plan_executor(request, response)
+        assert prewarm._device_of(ex) == torch.device("cuda", 0)  # where its warm-up would run
         steps = [s for s in ex._steps if s[0] == "aten" and str(s[1]) in prewarm.WARM_OPS]
         calls = prewarm.calls(ex, torch.device("cuda", 0))
         assert len({(str(op), repr(args)) for op, args, _ in calls}) == len(calls) <= len(steps) == 3
@@ -258,10 +259,9 @@ def test_prewarm_calls_of_kilnds_cuda_plans(monkeypatch):
                                                    else "aten.convolution_backward.default"}
         weight = 1 if forward else 2  # convolution(input, weight, ...), convolution_backward(grad, input, weight, ...)
         assert {args[weight][1] for _, args, _ in calls} == {(4, 4, 3, 3), (8, 4, 1, 1)}
-        cpu = torch.device("cpu")
-        for op, args, kwargs in calls:  # the arguments are ones the op accepts
-            out = op(*prewarm._build(args, cpu), **{k: prewarm._build_one(v, cpu) for k, v in kwargs.items()})
-            assert out is not None
+        for call in calls:  # the arguments are ones the op accepts
+            args, kwargs = prewarm.materialize(call, torch.device("cpu"))
+            assert call[0](*args, **kwargs) is not None
     assert deduped >= 1  # conv a and conv b read alike-laid-out inputs in at least one plan
     assert kiln.stats()["prewarm"]["skipped"] == 0
     # Under cudnn.benchmark, convolutions are not warmed (their timing runs would compete).
@@ -284,25 +284,16 @@ def test_prewarm_calls_include_torchs_kernels_run_as_aten_steps(monkeypatch):
     steps (they read no indices) are warmed too, and run on CPU scratch tensors."""
     from kiln import prewarm
 
-    nvrtc = nvrtc_library()
-    if nvrtc is None:
-        pytest.skip("no NVRTC library for kilnd's CUDA compiles")
-    monkeypatch.setattr(executor, "_device_guard", lambda index: contextlib.nullcontext())
-    server = Kilnd(f"--nvrtc={nvrtc}")
-    try:
-        pairs = cuda_artifacts(server, GroupNormNet(), torch.randn(2, 8, 4, 4, requires_grad=True), True)
-    finally:
-        assert server.stop() == 0
     ops = []
-    for request, response in pairs:
-        ex = PlanExecutor(response.artifact, request.graph, runtime_loader=FakeRuntime,
-                          device=kiln.backend.graph_device(request.graph))
+    for request, response in compiled_for_cuda(
+            monkeypatch, (GroupNormNet(), torch.randn(2, 8, 4, 4, requires_grad=True), True)):
+        ex = plan_executor(request, response)
         aten = [str(s[1]) for s in ex._steps if s[0] == "aten"]
-        for op, args, kwargs in prewarm.calls(ex, torch.device("cuda", 0)):
-            assert str(op) in aten and str(op) in prewarm.WARM_OPS
-            ops.append(str(op))
-            cpu = torch.device("cpu")
-            op(*prewarm._build(args, cpu), **{k: prewarm._build_one(v, cpu) for k, v in kwargs.items()})
+        for call in prewarm.calls(ex, torch.device("cuda", 0)):
+            assert str(call[0]) in aten and str(call[0]) in prewarm.WARM_OPS
+            ops.append(str(call[0]))
+            args, kwargs = prewarm.materialize(call, torch.device("cpu"))
+            call[0](*args, **kwargs)
     assert ops == ["aten.native_group_norm.default", "aten.native_group_norm_backward.default"], ops
 
 

@@ -133,9 +133,8 @@ def _output_code_class():
                 opts = session.opts
                 request = requests.request_for_graph(opts, sent, requests.target_for_graph(sent, opts), opts.timeout)
                 graph.prepare_request(request, _LazyModule(graph))
-                on_loaded = getattr(session, "on_graph_loaded", None)
-                if on_loaded is not None:
-                    on_loaded(graph)
+                if session.on_graph_loaded is not None:  # kiln.compile's warm-ups (kiln.prewarm)
+                    session.on_graph_loaded(graph)
             else:
                 graph.example_inputs = [n.meta.get("val") for n in graph.gm.graph.nodes if n.op == "placeholder"]
                 graph.prepare()

@@ -294,22 +294,34 @@ class CompiledFunction:
 
 
 @contextlib.contextmanager
+def _torch_hook(owner, name, params, replacement):
+    """`owner.name` (a module function or a class attribute of torch) is `replacement` inside the
+    block, when torch's has exactly the parameters `params`; otherwise torch's stays."""
+    original = vars(owner).get(name)
+    func = original.__func__ if isinstance(original, classmethod) else original
+    try:
+        matches = func is not None and list(inspect.signature(func).parameters) == params
+    except (TypeError, ValueError):
+        matches = False
+    if not matches:
+        yield
+        return
+    setattr(owner, name, replacement)
+    try:
+        yield
+    finally:
+        setattr(owner, name, original)
+
+
 def _one_fake_mode_for_guard_tensors():
     """While a package loads: the tensors in its guard state become fake tensors of one
     FakeTensorMode, as they were when Dynamo made the guards. torch's unpickler makes a
     FakeTensorMode per tensor (torch 2.11-2.13), and those objects were most of the unpickling and
     of the garbage collections during a load (ResNet-50: 268 of them; the guard state loaded in
     0.02 s instead of 0.21-0.28 s on the development VM). Left as torch's where the hook differs."""
-    import inspect as _inspect
-
     import torch
     from torch._dynamo.guards import GuardsStatePickler
 
-    original = GuardsStatePickler.__dict__.get("_unpickle_tensor")
-    params = list(_inspect.signature(original.__func__).parameters) if isinstance(original, classmethod) else []
-    if params != ["cls", "meta_tensor", "device", "pytype", "dispatch_keys_raw", "grad"]:
-        yield
-        return
     fake_mode = torch._subclasses.FakeTensorMode()
     converter = torch._subclasses.fake_tensor.FakeTensorConverter()
 
@@ -319,37 +331,23 @@ def _one_fake_mode_for_guard_tensors():
         ret.grad = grad
         return ret
 
-    GuardsStatePickler._unpickle_tensor = classmethod(_unpickle_tensor)
-    try:
-        yield
-    finally:
-        GuardsStatePickler._unpickle_tensor = original
+    return _torch_hook(GuardsStatePickler, "_unpickle_tensor",
+                       ["cls", "meta_tensor", "device", "pytype", "dispatch_keys_raw", "grad"],
+                       classmethod(_unpickle_tensor))
 
 
-@contextlib.contextmanager
 def _guard_descriptions_without_source_lines():
     """While a package loads: each guard's description (torch's "verbose code part", shown when a
     guard fails) without the user source line it came from. torch formats that line for every
     guard it builds (reading and shortening file names through linecache), 1,800 times for
     ResNet-50 (about 0.05 s of its load on the development VM); kiln.compile checks guards itself
     and a failed check only chooses another package. Left as torch's where the function differs."""
-    import inspect as _inspect
-
     from torch._dynamo import guards
-
-    original = getattr(guards, "get_verbose_code_part", None)
-    if original is None or list(_inspect.signature(original).parameters) != ["code_part", "guard"]:
-        yield
-        return
 
     def get_verbose_code_part(code_part, guard):
         return code_part
 
-    guards.get_verbose_code_part = get_verbose_code_part
-    try:
-        yield
-    finally:
-        guards.get_verbose_code_part = original
+    return _torch_hook(guards, "get_verbose_code_part", ["code_part", "guard"], get_verbose_code_part)
 
 
 def _package_backend(opts):

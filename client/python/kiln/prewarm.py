@@ -72,12 +72,9 @@ _threads_lock = threading.Lock()
 
 def calls(executor, device):
     """[(op, args, kwargs)] of `executor`'s distinct warmable aten steps, with scratch-tensor specs
-    ("t", sizes, strides, dtype, on the CPU) where the plan reads a value; steps it cannot
-    describe statically are counted as skipped."""
+    ("t", sizes, strides, dtype, on the CPU) where the plan reads a value (materialize() makes
+    them); steps it cannot describe statically are counted as skipped."""
     import torch
-
-    from kiln import proto
-    from kiln.guards import eval_symint
 
     # cudnn.benchmark times candidate algorithms on the GPU: a warm-up timing them beside the
     # main thread's own timing could make either pick a slower one. Convolutions are left alone then.
@@ -90,28 +87,9 @@ def calls(executor, device):
             stats_mod.add_to("prewarm", "skipped")
             continue
         _, op, args, kwargs, _, _ = step
-
-        def spec(tree):
-            tag = tree[0]
-            if tag == "c":
-                return tree
-            if tag == "v":
-                meta = executor.values[tree[1]].meta
-                sizes = tuple(eval_symint(s, {}) for s in meta.sizes)
-                strides = tuple(eval_symint(s, {}) for s in meta.strides)
-                if len(strides) != len(sizes):
-                    strides = _contiguous(sizes)
-                on_cpu = meta.HasField("device") and meta.device.kind == proto.DEVICE_KIND_CPU
-                return ("t", sizes, strides, executor._dtypes[tree[1]], on_cpu)
-            if tag == "device":
-                return ("c", device)
-            if tag == "list":
-                return ("list", tuple(spec(x) for x in tree[1]), tree[2])
-            raise ValueError(f"argument kind {tag}")  # "sym": sizes known only at run time
-
         try:
-            a = tuple(spec(x) for x in args)
-            kw = tuple((k, spec(x)) for k, x in kwargs.items())
+            a = tuple(_spec(executor, x, device) for x in args)
+            kw = tuple((k, _spec(executor, x, device)) for k, x in kwargs.items())
             key = (str(op), repr(a), repr(kw))
         except Exception:
             stats_mod.add_to("prewarm", "skipped")
@@ -126,44 +104,29 @@ def calls(executor, device):
     return out
 
 
+def materialize(call, device):
+    """(args, kwargs) of one of calls()'s calls, with scratch tensors on `device`."""
+    _, args, kwargs = call
+    return [_build(s, device) for s in args], {k: _build(v, device) for k, v in kwargs.items()}
+
+
 def start_for_graph(graph):
     """Starts warming `graph`'s (a CompiledGraph just loaded) CUDA plans; returns the thread or
     None (nothing to warm, or starting failed: logged)."""
     try:
-        return _start(graph)
+        work, device = [], None
+        for spec in getattr(graph, "specs", ()):
+            executor = getattr(spec.executor, "executor", spec.executor)  # CudaGraphRunner wraps one
+            d = _device_of(executor)
+            found = calls(executor, d) if d is not None else []
+            if found and device is None:
+                device = d
+            work += found
+        return _spawn(work, device) if work else None
     except Exception as e:
         stats_mod.add_to("prewarm", "errors")
         log.debug("kiln prewarm: not started: %s: %s", type(e).__name__, e)
         return None
-
-
-def _start(graph):
-    import torch
-
-    work = []
-    for spec in getattr(graph, "specs", ()):
-        executor = getattr(spec.executor, "executor", spec.executor)  # CudaGraphRunner wraps one
-        device = _device_of(executor)
-        if device is None:
-            continue
-        work += [(device, c) for c in calls(executor, device)]
-    if not work:
-        return None
-    device = work[0][0]
-    with torch.cuda.device(device):
-        stream = torch.cuda.current_stream(device)
-    return _spawn(work, stream)
-
-
-def _spawn(work, stream):
-    thread = threading.Thread(target=_run, args=(work, stream), name="kiln-prewarm", daemon=True)
-    with _threads_lock:
-        if not _threads:
-            atexit.register(_join_all)
-        _threads.append(thread)
-    stats_mod.add_to("prewarm", "threads")
-    thread.start()
-    return thread
 
 
 _library_init_started = False
@@ -185,15 +148,12 @@ def start_library_init(module):
         if weight is None:
             return None
         _library_init_started = True
-        device, dtype = weight.device, weight.dtype
-        with torch.cuda.device(device):
-            stream = torch.cuda.current_stream(device)
-        x = ("t", (1, 8, 8, 8), (512, 64, 8, 1), dtype, False)
-        w = ("t", (8, 8, 3, 3), (72, 9, 3, 1), dtype, False)
-        work = [(device, (torch.ops.aten.convolution.default,
-                          (x, w, ("c", None), ("c", [1, 1]), ("c", [0, 0]), ("c", [1, 1]), ("c", False),
-                           ("c", [0, 0]), ("c", 1)), {}))]
-        return _spawn(work, stream)
+        x = ("t", (1, 8, 8, 8), (512, 64, 8, 1), weight.dtype, False)
+        w = ("t", (8, 8, 3, 3), (72, 9, 3, 1), weight.dtype, False)
+        conv = (torch.ops.aten.convolution.default,
+                (x, w, ("c", None), ("c", [1, 1]), ("c", [0, 0]), ("c", [1, 1]), ("c", False),
+                 ("c", [0, 0]), ("c", 1)), {})
+        return _spawn([conv], weight.device)
     except Exception as e:
         stats_mod.add_to("prewarm", "errors")
         log.debug("kiln prewarm: library init not started: %s: %s", type(e).__name__, e)
@@ -211,30 +171,68 @@ def wait(timeout=None):
         _threads[:] = [t for t in _threads if t.is_alive()]
 
 
-def _run(work, stream):
+def _spawn(work, device):
+    """A thread running `work` (calls()'s calls) on `device`'s current stream (the caller's)."""
+    import torch
+
+    stream = torch.cuda.current_stream(device)
+    thread = threading.Thread(target=_run, args=(work, device, stream), name="kiln-prewarm", daemon=True)
+    with _threads_lock:
+        if not _threads:
+            atexit.register(_join_all)
+        _threads.append(thread)
+    stats_mod.add_to("prewarm", "threads")
+    thread.start()
+    return thread
+
+
+def _run(work, device, stream):
     import torch
 
     start = time.perf_counter()
     done = 0
     try:
-        with torch.no_grad(), torch.cuda.device(stream.device), torch.cuda.stream(stream):
-            for device, (op, args, kwargs) in work:
+        with torch.no_grad(), torch.cuda.device(device), torch.cuda.stream(stream):
+            for call in work:
                 try:
-                    op(*_build(args, device), **{k: _build_one(v, device) for k, v in kwargs.items()})
+                    args, kwargs = materialize(call, device)
+                    call[0](*args, **kwargs)
                     done += 1
                 except Exception as e:  # e.g. an attention kernel refusing these sizes: the next one
                     stats_mod.add_to("prewarm", "errors")
-                    log.debug("kiln prewarm: %s: %s: %s", op, type(e).__name__, e)
+                    log.debug("kiln prewarm: %s: %s: %s", call[0], type(e).__name__, e)
     finally:
         stats_mod.add_to("prewarm", "calls", done)
         stats_mod.add_to("client_time_s", "prewarm", time.perf_counter() - start)
 
 
-def _build(specs, device):
-    return [_build_one(s, device) for s in specs]
+def _spec(executor, tree, device):
+    """One loader tree of a plan step (kiln.executor) -> a scratch spec; raises for an argument
+    known only at run time (a symbolic size)."""
+    import torch
+
+    from kiln import proto
+    from kiln.guards import eval_symint
+
+    tag = tree[0]
+    if tag == "c":
+        return tree
+    if tag == "v":
+        meta = executor.values[tree[1]].meta
+        sizes = tuple(eval_symint(s, {}) for s in meta.sizes)
+        strides = tuple(eval_symint(s, {}) for s in meta.strides)
+        if len(strides) != len(sizes):  # as kiln.executor reads such a value: contiguous
+            strides = tuple(torch.empty(sizes, device="meta").stride())
+        on_cpu = meta.HasField("device") and meta.device.kind == proto.DEVICE_KIND_CPU
+        return ("t", sizes, strides, executor._dtypes[tree[1]], on_cpu)
+    if tag == "device":
+        return ("c", device)
+    if tag == "list":
+        return ("list", tuple(_spec(executor, x, device) for x in tree[1]), tree[2])
+    raise ValueError(f"argument kind {tag}")
 
 
-def _build_one(s, device):
+def _build(s, device):
     import torch
 
     tag = s[0]
@@ -242,36 +240,29 @@ def _build_one(s, device):
         return s[1]
     if tag == "t":  # (sizes, strides, dtype, on the CPU: e.g. an attention's random seed)
         return torch.empty_strided(s[1], s[2], dtype=s[3], device="cpu" if s[4] else device)
-    items = _build(s[1], device)
+    items = [_build(x, device) for x in s[1]]
     return tuple(items) if s[2] else items
 
 
 def _device_of(executor):
+    """The CUDA device a loaded plan runs on (its graph's inputs'), or None for a CPU plan."""
     import torch
+
+    from kiln.requests import graph_device
 
     if not getattr(executor, "cuda", False):
         return None
-    for v in executor.values:
-        m = v.meta
-        if m.HasField("device") and m.device.index >= 0:
-            return torch.device("cuda", m.device.index)
-    return torch.device("cuda", torch.cuda.current_device())
-
-
-def _contiguous(sizes):
-    strides, acc = [], 1
-    for n in reversed(sizes):
-        strides.append(acc)
-        acc *= max(n, 1)
-    return tuple(reversed(strides))
+    device = graph_device(executor.graph)
+    return device if device is not None and device.type == "cuda" else torch.device("cuda", torch.cuda.current_device())
 
 
 def _scratch_bytes(specs):
+    from kiln._exec_common import _span
+
     total = 0
     for s in specs:
         if s[0] == "t" and not s[4]:
-            extent = 1 + sum((n - 1) * st for n, st in zip(s[1], s[2]) if n > 0)
-            total += extent * s[3].itemsize if all(n > 0 for n in s[1]) else 0
+            total += _span(s[1], s[2]) * s[3].itemsize
         elif s[0] == "list":
             total += _scratch_bytes(s[1])
     return total
