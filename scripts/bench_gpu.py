@@ -98,6 +98,7 @@ def over_budget(args, estimate, section):
 
 
 COPY_BYTES = 1 << 30
+GPU_TIME_CALLS = 20  # calls profiled for the GPU's own time per call (section a)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -212,15 +213,21 @@ def section_a(args, address, problems):
     log(f"Device-to-device copy (dst.copy_(src), {copy_bytes / 2**30:.2f} GiB moved): **{copy_tbs:.3g} TB/s** "
         f"(median of {args.iters_a}).")
     log("")
+    log("% copy: bytes moved per call time (CUDA events around each call, the median; the host's time "
+        "per call shows when the host is slower than the GPU). % copy (GPU time): per the GPU's own busy "
+        f"time per call (torch.profiler over {GPU_TIME_CALLS} calls: kernels, copies, memsets), the kernels' "
+        "bandwidth; the >= 85% target is judged on it, softmax's >= 1.5x Inductor on call times.")
+    log("")
     names = [n for n in KERNEL_NAMES if not args.only or n in args.only]
     ratios_all = []
     rows = gm.StreamTable(["kernel", "shape", "MB moved", "eager ms", "Inductor ms", "kiln ms", "kiln TB/s",
-                           "kiln % copy", "Inductor % copy", "kiln vs Inductor", "target", "target met",
+                           "kiln % copy", "Inductor % copy", "kiln % copy (GPU time)",
+                           "Inductor % copy (GPU time)", "kiln vs Inductor", "target", "target met",
                            "kiln graphs/eager/kernels", "max abs diff vs eager"])
     for name in names:
         t0 = time.time()
         if over_budget(args, EST_A, "a"):
-            rows.append([name] + ["-"] * 12 + ["skipped: --time-budget"])
+            rows.append([name] + ["-"] * 14 + ["skipped: --time-budget"])
             args.skipped.append(f"(a) {name}")
             continue
         gm.reset_kiln()
@@ -245,6 +252,14 @@ def section_a(args, address, problems):
                     gm.sync(args.device)
                     times["inductor"] = gm.time_calls(lambda: fi(*ins), args.device, args.iters_a)[0]
                 times["kiln"] = gm.time_calls(lambda: fk(*ins), args.device, args.iters_a)[0]
+                # The GPU's own time per call (its kernels, from torch.profiler): the kernels'
+                # bandwidth, apart from the host's time per call, which the call time above includes
+                # whenever the host is slower than the GPU.
+                gpu = {}
+                if args.device != "cpu":
+                    gpu["kiln"] = gm.kernel_table(lambda: fk(*ins), GPU_TIME_CALLS)[1] * 1e-3
+                    if "inductor" in times:
+                        gpu["inductor"] = gm.kernel_table(lambda: fi(*ins), GPU_TIME_CALLS)[1] * 1e-3
                 facts_after = gm.kiln_facts()
             eager_ran = (facts_after["eager_calls"] or 0) > 0 or (facts["graph_fallbacks"] or 0) > 0
             tbs = nbytes / (times["kiln"] * 1e-3) / 1e12
@@ -252,8 +267,14 @@ def section_a(args, address, problems):
             ratio = ind / times["kiln"] if ind else None
             if ratio and not eager_ran:
                 ratios_all.append(ratio)
+
+            def gpu_pct(backend):  # bandwidth over the GPU's own time per call, % of copy
+                ms = gpu.get(backend)
+                return f"{100 * nbytes / (ms * 1e-3) / 1e12 / copy_tbs:.1f}%" if ms else "-"
+            # The bandwidth target is the kernels' (GPU time); softmax's 1.5x is on call times.
+            kernel_tbs = nbytes / (gpu["kiln"] * 1e-3) / 1e12 if gpu.get("kiln") else tbs
             target = ">=85% copy" + (", >=1.5x Ind." if name.startswith("softmax") else "")
-            met = tbs / copy_tbs >= 0.85 and (not name.startswith("softmax") or (ratio or 0) >= 1.5)
+            met = kernel_tbs / copy_tbs >= 0.85 and (not name.startswith("softmax") or (ratio or 0) >= 1.5)
             if eager_ran:
                 met_s = "n/a (eager)"
             elif args.device == "cpu":
@@ -264,6 +285,7 @@ def section_a(args, address, problems):
             rows.append([name, shape, f"{nbytes / 1e6:.1f}", gm.fmt_ms(times["eager"]), gm.fmt_ms(ind), kiln_cell,
                          f"{tbs:.3g}", f"{100 * tbs / copy_tbs:.1f}%",
                          f"{100 * nbytes / (ind * 1e-3) / 1e12 / copy_tbs:.1f}%" if ind else "-",
+                         gpu_pct("kiln"), gpu_pct("inductor"),
                          f"**{ratio:.2f}x**" if ratio else "-", target, met_s,
                          f"{facts['graphs']}/{facts['graph_fallbacks']}/{facts.get('kernel_steps', '-')}",
                          f"{diff:.1e}" + ("" if ok else " MISMATCH")])
@@ -273,15 +295,15 @@ def section_a(args, address, problems):
                 for line in gm.facts_details(facts, indent="")[:3]:
                     problems.append(f"(a) {name}: {line}")
         except Exception as e:
-            rows.append([name] + ["-"] * 12 + [f"ERROR {type(e).__name__}"])
+            rows.append([name] + ["-"] * 14 + [f"ERROR {type(e).__name__}"])
             problems.append(f"(a) {name}: {type(e).__name__}: {str(e)[:500]}")
         if args.verbose:
             print(f"[{time.time() - t0:.1f} s] {name}", file=sys.stderr, flush=True)
         del_cuda(args.device)
     log("")
-    sm = [r for r in rows if r[0].startswith("softmax") and r[9] != "-"]
+    sm = [r for r in rows if r[0].startswith("softmax") and r[11] != "-"]
     log(f"Geomean kiln vs Inductor over these kernels (graphs kiln compiled): "
-        f"{gx(gm.geomean(ratios_all))}; softmax rows: " + (", ".join(f"{r[0]} {r[9]}" for r in sm) or "-") +
+        f"{gx(gm.geomean(ratios_all))}; softmax rows: " + (", ".join(f"{r[0]} {r[11]}" for r in sm) or "-") +
         " (target >= 1.5x).")
     log("")
 

@@ -772,6 +772,30 @@ def time_calls(fn, device, iters, warmup=3):
     return statistics.median(times), min(times)
 
 
+def kernel_table(run, calls):
+    """({GPU activity name: [count, total us]}, GPU busy us per call) over `calls` calls of `run`,
+    from a torch.profiler trace (kernels, copies and memsets: everything the GPU ran for them,
+    without the host's time between them)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            run()
+        torch.cuda.synchronize()
+    by_name = collections.defaultdict(lambda: [0, 0.0])
+    for ev in prof.events():
+        if ev.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        us = getattr(ev, "device_time", None)
+        if us is None:
+            us = ev.cuda_time
+        by_name[ev.name][0] += 1
+        by_name[ev.name][1] += us
+    return by_name, sum(v[1] for v in by_name.values()) / calls
+
+
 def geomean(xs):
     xs = [x for x in xs if x is not None and x > 0 and math.isfinite(x)]
     return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else float("nan")

@@ -12,7 +12,6 @@ Examples (on the GPU machine, after tests/gpu/run_on_gpu.sh installed the client
 """
 
 import argparse
-import collections
 import copy
 import os
 import statistics
@@ -37,30 +36,6 @@ def host_ms(run, iters):
         times.append((time.perf_counter() - t0) * 1e3)
         torch.cuda.synchronize()
     return statistics.median(times)
-
-
-def kernel_table(run, steps):
-    """{kernel name: (calls, total us)} and the GPU busy us per step, from torch.profiler."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            run()
-        torch.cuda.synchronize()
-    by_name = collections.defaultdict(lambda: [0, 0.0])
-    for ev in prof.events():
-        if ev.device_type != torch.autograd.DeviceType.CUDA:
-            continue
-        us = getattr(ev, "device_time", None)
-        if us is None:
-            us = ev.cuda_time
-        name = ev.name
-        by_name[name][0] += 1
-        by_name[name][1] += us
-    total = sum(v[1] for v in by_name.values())
-    return by_name, total / steps
 
 
 def host_profile(backend, run, steps, top):
@@ -159,7 +134,7 @@ def main():
                 run = bench_gpu.model_runner(case, args.mode, args.dtype, device, wrap)
                 step_ms = gm.time_calls(run, device, args.iters, warmup=3)[0]
                 enqueue_ms = host_ms(run, args.iters)
-                kernels, busy_us = kernel_table(run, args.steps)
+                kernels, busy_us = gm.kernel_table(run, args.steps)
                 results[b] = (step_ms, enqueue_ms, busy_us, kernels)
                 if args.cprofile:
                     host_profile(b, run, args.cprofile, args.top)

@@ -291,3 +291,31 @@ def test_kiln_compile_package_prewarms_its_convolutions(server):
     assert second["packages"]["loaded"] == 1, second
     # The second: then the package's convolutions (three kinds) once its plans are loaded.
     assert second["prewarm"]["threads"] == 2 and second["prewarm"]["calls"] >= 1 + 3, second
+
+
+def test_aot_cache_second_process_loads_the_cuda_graphs(server, tmp_path):
+    """Option aot_cache on CUDA: a second process loads the block's training and inference graphs
+    from AOTAutograd's cache (no AOTAutograd trace), gets their CUDA plans from kilnd's cache and
+    matches eager (tests/python/aot_cache_child.py, run on cuda)."""
+    import json
+    import subprocess
+
+    from kiln import aot_cache
+
+    if not aot_cache.available():
+        pytest.skip("this torch lacks OutputCode or the AOTAutograd cache flags")
+
+    def child():
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), TORCHINDUCTOR_CACHE_DIR=str(tmp_path))
+        env.pop("KILN_SERVER", None)
+        p = subprocess.run([sys.executable, str(REPO / "tests" / "python" / "aot_cache_child.py"), server.address,
+                            "cuda"], capture_output=True, text=True, timeout=600, env=env)
+        assert p.returncode == 0, p.stderr[-3000:]
+        return json.loads(p.stdout.strip().splitlines()[-1])
+
+    first, second = child(), child()
+    for run in (first, second):
+        assert run["match"] and run["fallbacks"] == 0 and run["plan_calls"] >= 3 and run["kernel_steps"] > 0, run
+    assert first["aot"].get("autograd_cache_saved", 0) >= 2, first
+    assert second["aot"].get("autograd_cache_hit", 0) >= 2 and second["aot"].get("autograd_cache_miss", 0) == 0, second
+    assert second["compiles"] == 0 and second["hits"] >= 3, second

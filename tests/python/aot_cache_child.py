@@ -1,6 +1,10 @@
-"""Child process of test_backend_aot_cache.py: one training step and one inference call of a small
-block through torch.compile(backend="kiln") with the option aot_cache, compared with eager; prints
-one JSON line (AOTAutograd's cache counters, kiln's stats, whether the results matched)."""
+"""Child process of test_backend_aot_cache.py (and, on CUDA, of tests/gpu/test_cuda_backend.py):
+one training step and one inference call of a small block through torch.compile(backend="kiln")
+with the option aot_cache, compared with eager; prints one JSON line (AOTAutograd's cache counters,
+kiln's stats, whether the results matched).
+
+    aot_cache_child.py ADDRESS [DEVICE]      DEVICE: cpu (default) or cuda
+"""
 import json
 import sys
 
@@ -35,9 +39,11 @@ def make_block():
 def main():
     from torch._dynamo.utils import counters
 
+    device = sys.argv[2] if len(sys.argv) > 2 else "cpu"
+    tol = 1e-5 if device == "cpu" else 1e-4  # CUDA: cuBLASLt's GEMMs against torch's
     torch.manual_seed(0)
-    model = make_block()
-    x = torch.randn(8, 32, requires_grad=True)
+    model = make_block().to(device)
+    x = torch.randn(8, 32, device=device, requires_grad=True)
     compiled = torch.compile(model, backend="kiln", options={"server": sys.argv[1], "aot_cache": True})
     out = compiled(x)
     out.sum().backward()
@@ -46,14 +52,15 @@ def main():
     want = model(x)
     want.sum().backward()
     with torch.no_grad():
-        y = torch.randn(8, 32)
-        inference_ok = torch.allclose(compiled(y), model(y), atol=1e-5, rtol=1e-5)
+        y = torch.randn(8, 32, device=device)
+        inference_ok = torch.allclose(compiled(y), model(y), atol=tol, rtol=tol)
     s = kiln.stats()
     print(json.dumps({
         "aot": dict(counters["aot_autograd"]),
-        "match": bool(torch.allclose(out, want, atol=1e-5, rtol=1e-5)
-                      and torch.allclose(grad, x.grad, atol=1e-5, rtol=1e-5) and inference_ok),
+        "match": bool(torch.allclose(out, want, atol=tol, rtol=tol)
+                      and torch.allclose(grad, x.grad, atol=tol, rtol=tol) and inference_ok),
         "compiles": s["compiles"], "hits": s["hits"], "fallbacks": s["graph_fallbacks"], "plan_calls": s["plan_calls"],
+        "kernel_steps": s["kernel_steps"],
     }))
 
 

@@ -21,7 +21,11 @@ CLIENT_ENV = ("KILN_SERVER", "KILN_FALLBACK", "KILN_CACHE_ONLY", "KILN_DEBUG", "
 
 def fresh_kiln(monkeypatch):
     """Body of an autouse fixture (`yield from fresh_kiln(monkeypatch)`): CLIENT_ENV unset, Dynamo,
-    kiln's backend and kiln's stats reset before the test, Dynamo again after it."""
+    kiln's backend and kiln's stats reset before the test, Dynamo again after it; torch's caches
+    (AOTAutograd's, where option aot_cache keeps kiln's graphs) in a directory of the test's own,
+    so that no test loads what another compiled."""
+    import shutil
+
     import torch
 
     import kiln
@@ -29,11 +33,16 @@ def fresh_kiln(monkeypatch):
 
     for var in CLIENT_ENV:
         monkeypatch.delenv(var, raising=False)
+    torch_cache = tempfile.mkdtemp(prefix="kiln-test-torch-cache-")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", torch_cache)
     torch._dynamo.reset()
     kiln.backend.reset()
     kiln.reset_stats()
-    yield
-    torch._dynamo.reset()
+    try:
+        yield
+    finally:
+        torch._dynamo.reset()
+        shutil.rmtree(torch_cache, ignore_errors=True)
 
 
 def server_requests(address: str) -> dict:

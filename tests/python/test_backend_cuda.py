@@ -41,7 +41,8 @@ def test_cuda_artifact_without_a_driver_runs_eagerly_with_one_warning(no_compile
     (KILN_LIBCUDA_PATH names no library, so this holds on GPU machines too)."""
     monkeypatch.setenv("KILN_LIBCUDA_PATH", str(tmp_path / "no" / "libcuda.so.1"))
     monkeypatch.setattr(kiln.requests, "target_for", lambda inputs, opts: SM90)
-    opts = {"server": no_compile_server.address}
+    # aot_cache off: its load path asks for the target of the real (CPU) inputs, not the patch's.
+    opts = {"server": no_compile_server.address, "aot_cache": False}
     x = torch.randn(4, 8)
     with warnings.catch_warnings(record=True):
         warnings.simplefilter("always")

@@ -123,7 +123,9 @@ def test_a_backward_right_after_the_forward_joins_the_compile_or_hits(server):
 
 @pytest.mark.parametrize("how", ["option", "environment"])
 def test_off_the_backward_is_compiled_at_the_first_backward(server, monkeypatch, how):
-    options = {"server": server.address}
+    # aot_cache off: that option has AOTAutograd lower the backward with the forward (torch's
+    # force_non_lazy_backward_lowering), so it is never compiled at the first backward.
+    options = {"server": server.address, "aot_cache": False}
     if how == "option":
         options["prefetch_backward"] = False
     else:
