@@ -368,6 +368,17 @@ def print_case(r):
             log(line)
 
 
+def set_numerics(args):
+    """TF32 off (gm.set_fp32_precise) and, with --cudnn-deterministic, cuDNN's deterministic
+    algorithms only: for eager, kiln's convolution steps and the fp64 reference alike."""
+    import torch
+
+    gm.set_fp32_precise()
+    if args.cudnn_deterministic:
+        torch.backends.cudnn.deterministic = True
+        torch.backends.cudnn.benchmark = False
+
+
 def child_main(args):
     import faulthandler
 
@@ -378,7 +389,7 @@ def child_main(args):
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         log("CUDA is not available in this process")
         sys.exit(2)
-    gm.set_fp32_precise()
+    set_numerics(args)
     cases = json.loads(args.cases)
     with open(args.results, "a") as out:
         for name, dtype, mode in cases:
@@ -416,6 +427,8 @@ def run_children(args, model, cases, address, tmp):
             cmd.append("--quick")
         if args.no_fp64_ref:
             cmd.append("--no-fp64-ref")
+        if args.cudnn_deterministic:
+            cmd.append("--cudnn-deterministic")
         with open(err_path, "w") as err:
             proc = subprocess.Popen(cmd, stdout=None, stderr=err, start_new_session=True)
             current, began = None, time.time()
@@ -497,9 +510,7 @@ def _read_events(path):
 
 def in_process(args, cases, address):
     """--no-isolate: every case in this process."""
-    import torch  # noqa: F401
-
-    gm.set_fp32_precise()
+    set_numerics(args)
     results = {}
     for name, dtype, mode in cases:
         if args.deadline and time.time() > args.deadline:
@@ -572,6 +583,9 @@ def main():
     ap.add_argument("--kiln-timeout", type=float, default=300.0, help="kiln's per-Compile timeout (s)")
     ap.add_argument("--case-timeout", type=float, default=300.0, help="kill a case's process after this many s")
     ap.add_argument("--no-fp64-ref", action="store_true", help="no float64 second opinion on a mismatch")
+    ap.add_argument("--cudnn-deterministic", action="store_true",
+                    help="torch.backends.cudnn.deterministic for every run (eager, kiln, fp64): "
+                         "convolutions with deterministic algorithms only")
     ap.add_argument("--no-isolate", action="store_true", help="run every case in this process")
     ap.add_argument("--strict", action="store_true", help="graphs that ran eagerly fail the case")
     ap.add_argument("--tol-scale", type=float, default=1.0, help="multiply every tolerance by this "
