@@ -284,7 +284,8 @@ def run_child(args, backend, workload, env, server=None, label=""):
         extra = f", package load {times['package_load']:.2f} s" if times.get("package_load") else ""
         if (k.get("prewarm") or {}).get("threads"):  # thread-seconds: summed over the threads
             extra += (f", {k['prewarm']['calls']} warm-up calls on {k['prewarm']['threads']} threads "
-                      f"({times.get('prewarm', 0):.2f} thread-s)")
+                      f"({times.get('prewarm', 0):.2f} thread-s; the call waited "
+                      f"{times.get('prewarm_wait', 0):.3f} s for them)")
         print(f"[{r['wall_s']:.1f} s] {label} {backend} {workload}: first call {r['first_s']:.2f} s{extra}",
               file=sys.stderr, flush=True)
     return r

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 import warnings
 
 import pytest
@@ -92,7 +93,11 @@ def test_new_input_shapes_get_a_package_of_their_own(monkeypatch):
     from kiln import prewarm
 
     waits = []
-    monkeypatch.setattr(prewarm, "wait", lambda timeout=None: waits.append(timeout))
+    def wait(timeout=None):
+        waits.append(timeout)
+        time.sleep(0.01)
+
+    monkeypatch.setattr(prewarm, "wait", wait)
     server = Kilnd()
     try:
         model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU())
@@ -106,6 +111,7 @@ def test_new_input_shapes_get_a_package_of_their_own(monkeypatch):
         assert len(compiled._variants) == 2 and s["graph_fallbacks"] == 0, s
         # The call that made each package waited for warm-ups (kiln.prewarm); the third did not.
         assert len(waits) == 2, waits
+        assert s["client_time_s"]["prewarm_wait"] >= 0.02, s["client_time_s"]  # counted in the call
     finally:
         assert server.stop() == 0
 

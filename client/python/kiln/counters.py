@@ -28,7 +28,8 @@ Counted once per graph (not per call):
                    convolution calls they ran, steps skipped (symbolic sizes, too large), errors
 Times, in seconds, summed over requests: ``client_time_s`` (serialize, rpc, load; package_load:
 kiln.compile's GetPackage, unpickling and guard building of the packages it used; prewarm: the
-warm-up threads' seconds, in the background, not part of any call) and
+warm-up threads' seconds, in the background, not part of any call; prewarm_wait: what the calls
+that loaded packages spent waiting for their warm-ups to end, part of those calls) and
 ``server_time_s`` (the phases of CompileResponse.timings).
 Does not import torch.
 """
@@ -63,7 +64,8 @@ def _fresh():
                      "guard_misses": 0, "errors": 0},
         "package_fallbacks": {},
         "prewarm": {"threads": 0, "calls": 0, "skipped": 0, "errors": 0},
-        "client_time_s": {"serialize": 0.0, "rpc": 0.0, "load": 0.0, "package_load": 0.0, "prewarm": 0.0},
+        "client_time_s": {"serialize": 0.0, "rpc": 0.0, "load": 0.0, "package_load": 0.0, "prewarm": 0.0,
+                          "prewarm_wait": 0.0},
         "server_time_s": {},
         "keys": [],  # keys of the graphs seen, in order (for tests and debugging), bounded
     }

@@ -124,7 +124,9 @@ class CompiledFunction:
                     if self._opts.prewarm:
                         from kiln import prewarm
 
+                        start = time.perf_counter()
                         prewarm.wait(timeout=60)  # no warm-up outlives this call (kiln.prewarm)
+                        stats_mod.add_to("client_time_s", "prewarm_wait", time.perf_counter() - start)
                     return out
         return self._fallback(*args, **kwargs)
 
