@@ -52,6 +52,14 @@ template <int N> KILN_DEV void cp_async(void* smem, const void* gmem) {
 #endif
 }
 
+// cp_async_commit(): closes the copies issued so far into a group without waiting for them (a
+// later cp_async_wait_all() waits for every group).
+KILN_DEV void cp_async_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+
 KILN_DEV void cp_async_wait_all() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");

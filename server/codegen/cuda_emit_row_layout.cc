@@ -193,17 +193,18 @@ ClusterRowLimits CudaKernelEmitter::LongRowLimits(bool shifted_rows, int shifted
   limits.static_shared_bytes = smem_bytes_;
   limits.shared_row_blocks_per_sm = cuda_.shared_row_blocks_per_sm;
   limits.shared_row_block = cuda_.shared_row_block;
+  limits.shared_row_buffers = long_rows_ == CudaLongRows::kSharedPrefetch ? 2 : 1;
   return limits;
 }
 
 absl::optional<SharedRowChoice> CudaKernelEmitter::ChooseShared(int64_t total,
                                                                 absl::optional<int64_t> rows) {
-  if (long_rows_ != CudaLongRows::kAuto && long_rows_ != CudaLongRows::kShared) return absl::nullopt;
+  if (long_rows_ != CudaLongRows::kAuto && !SharedForced()) return absl::nullopt;
   bool shifted_rows = false;
   int shifted_width = 1;
   const ClusterRowFacts facts = LongRowFacts(total, rows, &shifted_rows, &shifted_width);
   const ClusterRowLimits limits = LongRowLimits(shifted_rows, shifted_width);
-  return ChooseSharedRows(facts, limits, long_rows_ == CudaLongRows::kShared);
+  return ChooseSharedRows(facts, limits, SharedForced());
 }
 
 absl::optional<ClusterRowChoice> CudaKernelEmitter::ChooseCluster(int64_t total,
@@ -217,7 +218,7 @@ absl::optional<ClusterRowChoice> CudaKernelEmitter::ChooseCluster(int64_t total,
   const ClusterRowLimits limits = LongRowLimits(shifted_rows, shifted_width);
   absl::optional<ClusterRowChoice> choice;
   if (long_rows_ != CudaLongRows::kBlockPerRow) choice = ChooseClusterRows(facts, limits);
-  if (!choice && long_rows_ != CudaLongRows::kCluster && long_rows_ != CudaLongRows::kShared) {
+  if (!choice && long_rows_ != CudaLongRows::kCluster && !SharedForced()) {
     *row_grid = UncachedRowGrid(facts, limits, block);
   }
   return choice;

@@ -53,6 +53,11 @@ void CudaKernelEmitter::EmitRows() {
       w_.Line("const int kiln_lane = threadIdx.x;");
       if (launch_.layout == CudaLayout::kSharedRow) {
         w_.Line("unsigned char* const kiln_dsmem = kiln_cuda::dynamic_smem();");
+        prefetch_rows_ = long_rows_ == CudaLongRows::kSharedPrefetch;
+        if (prefetch_rows_) {
+          w_.Line("int kiln_buf = 0;  // this row's cache (of two)");
+          w_.Line("bool kiln_ready = false;  // its fill was started by the row before");
+        }
       }
       w_.Open(absl::StrCat("for (idx_t kiln_u = blockIdx.x; kiln_u < ", rows_code,
                            "; kiln_u += gridDim.x)"));
@@ -105,7 +110,9 @@ void CudaKernelEmitter::EmitRows() {
   } else {
     EmitRow(plan);
   }
+  if (prefetch_rows_) w_.Line("kiln_buf ^= 1;");
   w_.Close();
+  prefetch_rows_ = false;
   if (launch_.layout == CudaLayout::kClusterRow) {
     w_.Line("kiln_cuda::cluster_sync();  // no block leaves while others may read its slots");
   }
@@ -168,6 +175,7 @@ void CudaKernelEmitter::EmitRow(const VecPlan& plan, bool cache) {
       // of a chunk's Vec<T, width>, chunk-major ([kiln_e * block + thread]), filled by
       // asynchronous copies before the load's first phase (EmitSharedFill).
       smem_vec_ = width > 1;
+      smem_decls_.clear();
       int64_t offset = 0;
       for (const auto& [key, l] : loads) {
         if (l.phases < 2) continue;
@@ -175,12 +183,20 @@ void CudaKernelEmitter::EmitRow(const VecPlan& plan, bool cache) {
         CacheEntry e{absl::StrCat("kiln_c", cache_.size()), l.first_phase, l.node};
         const std::string t = smem_vec_ ? absl::StrCat("kiln_cuda::Vec<", SmemType(type), ", ", width, ">")
                                         : SmemType(type);
-        w_.Linef(t, "* const ", e.name, " = reinterpret_cast<", t, "*>(kiln_dsmem + ", offset, ");");
+        smem_decls_.push_back({e.name, t, offset});
         smem_arrays_[e.name] = type;
         cache_[key] = e;
         offset += SmemBytes(type) * chunks * width * group_;
       }
-      launch_.shared_bytes = std::max<int>(launch_.shared_bytes, static_cast<int>(offset));
+      // kSharedPrefetch: two caches, this row's at kiln_buf.
+      smem_cache_bytes_ = offset;
+      const std::string which = prefetch_rows_ ? absl::StrCat(" + kiln_buf * ", offset) : "";
+      for (const SmemDecl& d : smem_decls_) {
+        w_.Linef(d.type, "* const ", d.name, " = reinterpret_cast<", d.type, "*>(kiln_dsmem + ", d.offset,
+                 which, ");");
+      }
+      launch_.shared_bytes =
+          std::max<int>(launch_.shared_bytes, static_cast<int>(offset * (prefetch_rows_ ? 2 : 1)));
     } else if (values > 0) {
       for (const auto& [key, l] : loads) {
         if (l.phases < 2) continue;

@@ -14,10 +14,43 @@ namespace kiln::codegen::internal {
 
 void CudaKernelEmitter::EmitSharedFill(const VecPlan& plan, int64_t chunks, int64_t total) {
   std::vector<const CacheEntry*> fill;
+  bool all_first = true;  // every cached load is first read in phase 0
   for (const auto& [key, e] : cache_) {
-    if (e.first_phase == phase_ && smem_arrays_.count(e.name)) fill.push_back(&e);
+    if (!smem_arrays_.count(e.name)) continue;
+    if (e.first_phase == phase_) fill.push_back(&e);
+    all_first &= e.first_phase == 0;
   }
   if (fill.empty()) return;
+  if (!prefetch_rows_ || phase_ != 0 || !all_first) {
+    EmitSharedFillLoop(fill, plan, chunks, total);
+    w_.Line("kiln_cuda::cp_async_wait_all();");
+    return;
+  }
+  w_.Open("if (!kiln_ready)");  // the block's first row: nothing was started for it
+  EmitSharedFillLoop(fill, plan, chunks, total);
+  w_.Close();
+  w_.Line("kiln_cuda::cp_async_wait_all();  // this row's cache");
+  // The block's next row into the other cache, in flight during this row's phases: its outer
+  // indices (and shift) in a scope of their own, the cache arrays redeclared over the other half.
+  w_.Open("");
+  w_.Line("const idx_t kiln_next = kiln_u + gridDim.x;");
+  w_.Linef("kiln_ready = kiln_next < ", SizeCode(Product(k_.outer)), ";");
+  w_.Open("if (kiln_ready)");
+  w_.Line("const idx_t kiln_u = kiln_next;");
+  EmitDecompose("kiln_u", static_cast<int>(k_.outer.size()));
+  if (shifted_) w_.Linef("const idx_t kiln_sh = ", plan.shift, ";");
+  for (const SmemDecl& d : smem_decls_) {
+    w_.Linef(d.type, "* const ", d.name, " = reinterpret_cast<", d.type, "*>(kiln_dsmem + ", d.offset,
+             " + (kiln_buf ^ 1) * ", smem_cache_bytes_, ");");
+  }
+  EmitSharedFillLoop(fill, plan, chunks, total);
+  w_.Line("kiln_cuda::cp_async_commit();");
+  w_.Close();
+  w_.Close();
+}
+
+void CudaKernelEmitter::EmitSharedFillLoop(const std::vector<const CacheEntry*>& fill,
+                                           const VecPlan& plan, int64_t chunks, int64_t total) {
   const int width = plan.width;
   auto slot = [&](const CacheEntry& e) {
     return absl::StrCat(e.name, "[kiln_e * ", group_, " + kiln_lane]");
@@ -60,7 +93,6 @@ void CudaKernelEmitter::EmitSharedFill(const VecPlan& plan, int64_t chunks, int6
     });
   }
   w_.Close();
-  w_.Line("kiln_cuda::cp_async_wait_all();");
 }
 
 std::string CudaKernelEmitter::Slot(const std::string& array) const {

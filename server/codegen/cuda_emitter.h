@@ -131,6 +131,10 @@ enum class CudaLongRows {
   kShared,       // kSharedRow wherever some load recurs along a static row and its cache fits
                  // one block's shared memory (at one block per SM if need be); elsewhere as
                  // kCluster (sm_90+) or one uncached block
+  kSharedPrefetch,  // as kShared with two row caches per block: a thread's vector row fills the
+                    // cache of its block's next row (cp.async, not waited for) before the
+                    // current row's phases, so that row's loads are in flight while this one
+                    // reduces and stores (experimental: fixtures <name>_smp)
 };
 
 struct CudaEmitOptions {

@@ -460,5 +460,19 @@ TEST(CudaEmulation, SharedRowKernelsMatchTheCpuKernels) {
   RunCases(SharedCases(), options, Expect::kShared);
 }
 
+// The same with two caches a block (kSharedPrefetch: the block's next row filled during this
+// one's phases), on the cases whose cache fits a block twice: the small grids give each block
+// several rows, so every row but a block's first reads what the row before filled, in the other
+// cache, with its own shift (odd lengths) and scalar ends.
+TEST(CudaEmulation, SharedRowKernelsWithTheNextRowPrefetchedMatchTheCpuKernels) {
+  CudaEmitOptions options = ClusterOptions();
+  options.long_rows = CudaLongRows::kSharedPrefetch;
+  std::vector<Case> cases;
+  for (Case& c : SharedCases()) {
+    if (c.name != "shared_log_softmax_50257") cases.push_back(std::move(c));  // 2 x 201 KB: no
+  }
+  RunCases(std::move(cases), options, Expect::kShared);
+}
+
 }  // namespace
 }  // namespace kiln::codegen

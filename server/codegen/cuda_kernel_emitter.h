@@ -216,7 +216,18 @@ class CudaKernelEmitter : public CpuKernelEmitter {
   // its slot; the row's first and last chunks of shifted rows go element by element (lanes outside
   // the row are left as they are: every read of them is skipped). A thread fills only the slots it
   // reads back later (chunk-major, its own), so no barrier: only a wait for its copies.
+  // CudaLongRows::kSharedPrefetch (two caches, kiln_buf picks this row's): phase 0 fills this
+  // row's cache only at a block's first row, waits for it, then starts the fill of the block's
+  // next row into the other cache (the row's outer indices and shift recomputed in a scope of
+  // their own) without waiting; the next row's wait is at its own phase 0. Only where every
+  // cached load is first read in phase 0 (a later fill's wait would wait for the prefetch too).
   void EmitSharedFill(const VecPlan& plan, int64_t chunks, int64_t total);
+  // The fill loop over `fill`'s slots (no wait).
+  void EmitSharedFillLoop(const std::vector<const CacheEntry*>& fill, const VecPlan& plan,
+                          int64_t chunks, int64_t total);
+  bool SharedForced() const {
+    return long_rows_ == CudaLongRows::kShared || long_rows_ == CudaLongRows::kSharedPrefetch;
+  }
   // The register of `array` for the current chunk and vector lane (kSharedRow: its shared-memory
   // slot, slot-major over the block's threads).
   std::string Slot(const std::string& array) const;
@@ -246,6 +257,13 @@ class CudaKernelEmitter : public CpuKernelEmitter {
   int shared_blocks_per_sm_ = 1;  // kSharedRow: blocks per SM by shared memory (launch bounds)
   std::map<std::string, ScalarType> smem_arrays_;  // kSharedRow: cache arrays in shared memory
   bool smem_vec_ = false;  // kSharedRow's vector rows: Vec slots filled by EmitSharedFill
+  bool prefetch_rows_ = false;  // kSharedRow under CudaLongRows::kSharedPrefetch: two caches
+  int64_t smem_cache_bytes_ = 0;  // kSharedRow: bytes of one row cache (the other's offset)
+  struct SmemDecl {
+    std::string name, type;  // a cache array (Slot's) and its element type
+    int64_t offset = 0;      // its bytes' offset in the row cache
+  };
+  std::vector<SmemDecl> smem_decls_;  // kSharedRow: the cache arrays, in declaration order
   std::string local_vec_array_, local_vec_;  // pass B: a shared array's chunk read into a local
   CudaLaunch launch_;
   int group_ = 1;        // threads per row

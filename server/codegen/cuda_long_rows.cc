@@ -84,7 +84,7 @@ absl::optional<SharedRowChoice> ChooseSharedRows(const ClusterRowFacts& facts,
   }
   SharedRowChoice c;
   c.block = std::max(32, std::min(limits.shared_row_block, limits.max_row_block)) / 32 * 32;
-  c.bytes = SharedRowBytes(facts, c.block);
+  c.bytes = SharedRowBytes(facts, c.block) * std::max(1, limits.shared_row_buffers);
   const int64_t per_block = c.bytes + limits.static_shared_bytes;
   if (per_block > limits.max_shared_bytes_per_block) return absl::nullopt;
   const int64_t by_smem = limits.shared_bytes_per_sm / (per_block + limits.reserved_shared_bytes);

@@ -35,7 +35,10 @@
 // fit an SM by shared memory (persistent over the rows). Measured on the H200 with the rows
 // filled by cp.async (fixtures, 2026-11-21): bf16 4096 x 50257 softmax 54.3% of copy at two
 // blocks per SM (41.8% at one, 32.7% as a cluster); at one block per SM f32 4096 x 50257 70.9%
-// (cluster 48.8%), bf16 65536 columns 59.3% (cluster 54.4%).
+// (cluster 48.8%), bf16 65536 columns 59.3% (cluster 54.4%). Within a block the phases run one
+// after another (fill, reduce, store), so HBM idles while a row reduces; CudaLongRows::
+// kSharedPrefetch (fixtures <name>_smp, not chosen automatically until measured) gives a block two
+// caches and starts the fill of its next row before the current row's phases.
 
 #include <cstdint>
 #include <string>
@@ -85,6 +88,7 @@ struct ClusterRowLimits {
   // ~226 KiB at one block per SM on sm_90; 2: ~112 KiB; 0: never automatically).
   int shared_row_blocks_per_sm = 1;
   int shared_row_block = 512;  // threads per block (at most max_row_block)
+  int shared_row_buffers = 1;  // row caches per block (2: CudaLongRows::kSharedPrefetch)
 };
 
 // Shared memory of an arch: per SM and the most one block may have (opt-in), in bytes; zeros for
@@ -97,7 +101,7 @@ SharedMemorySize SharedMemoryOf(const std::string& arch);
 
 struct SharedRowChoice {
   int block = 1;             // threads per block
-  int64_t bytes = 0;         // dynamic shared memory per block: the row cache
+  int64_t bytes = 0;         // dynamic shared memory per block: the row caches
   int blocks_per_sm = 1;     // blocks that fit an SM by shared memory and threads (the grid cap)
 };
 

@@ -125,6 +125,33 @@ TEST(CudaNvrtc, SharedRowKernelsCompileForSm80AndSm90) {
   }
 }
 
+// Two row caches a block (kSharedPrefetch, forced): the next row's fill in flight (cp.async
+// commit groups), shifted vectors (odd lengths), Welford and softmax.
+TEST(CudaNvrtc, SharedRowKernelsWithTheNextRowPrefetchedCompileForSm80AndSm90) {
+  if (!HaveNvrtc()) GTEST_SKIP() << "NVRTC not found";
+  std::vector<Kernel> kernels;
+  for (absl::StatusOr<Kernel> k : {kt::RowSoftmaxBf16(20001), kt::LayerNormBf16(30001, 1e-5f),
+                                   kt::RowSoftmax(12000, true), kt::RmsNorm(24576, 1e-6f, true)}) {
+    ASSERT_TRUE(k.ok()) << k.status();
+    kernels.push_back(*k);
+  }
+  for (const char* arch : {"sm_80", "sm_90"}) {
+    CudaEmitOptions emit;
+    emit.arch = arch;
+    emit.long_rows = CudaLongRows::kSharedPrefetch;
+    absl::StatusOr<CudaSource> all = EmitCudaSource(kernels, emit);
+    ASSERT_TRUE(all.ok()) << all.status();
+    for (size_t i = 0; i < kernels.size(); ++i) {
+      EXPECT_EQ(all->launches[i].layout, CudaLayout::kSharedRow) << arch << " kernel " << i;
+    }
+    EXPECT_TRUE(absl::StrContains(all->source, "kiln_cuda::cp_async_commit();")) << arch;
+    absl::StatusOr<toolchain::CudaBinary> bin =
+        toolchain::CompileCuda(all->source, arch, /*ptx=*/false, Options());
+    ASSERT_TRUE(bin.ok()) << arch << ": " << bin.status();
+    EXPECT_EQ(ElfMachine(bin->bytes), 190) << arch << " (EM_CUDA)";
+  }
+}
+
 TEST(CudaNvrtc, TheHelpersAloneCompile) {
   if (!HaveNvrtc()) GTEST_SKIP() << "NVRTC not found";
   absl::StatusOr<CudaSource> none = EmitCudaSource({});

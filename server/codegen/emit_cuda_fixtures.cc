@@ -60,13 +60,15 @@ absl::StatusOr<Kernel> AddF32(int64_t n) {
   return kb.Finish();
 }
 
-// Whether the fixture's kernel, forced to kSharedRow on `arch`, gets it (its cache fits a block).
-bool FitsSharedRows(const Fixture& f, const std::string& arch) {
+// Whether the fixture's kernel, forced to kSharedRow on `arch` (kShared, or kSharedPrefetch: two
+// caches), gets it (its caches fit a block).
+bool FitsSharedRows(const Fixture& f, const std::string& arch,
+                    CudaLongRows how = CudaLongRows::kShared) {
   if (!f.kernel.ok()) return false;
   CudaEmitOptions options;
   options.arch = arch;
   options.include_prelude = false;
-  options.long_rows = CudaLongRows::kShared;
+  options.long_rows = how;
   absl::StatusOr<CudaSource> src = EmitCudaSource({*f.kernel}, options);
   return src.ok() && src->launches[0].layout == CudaLayout::kSharedRow;
 }
@@ -155,6 +157,8 @@ std::vector<Fixture> Fixtures(bool small, const std::string& arch) {
   // <name>_sm: one block per row caching it in dynamic shared memory (kSharedRow), for the shapes
   // whose cache fits a block (bf16 50257 and layer norm: 104 KiB, two blocks per SM; f32 50257
   // and bf16 65536: one per SM); softmax_bf16_50257_sm1 the same with one block per SM.
+  // <name>_smp: kSharedPrefetch, two caches in one block per SM, the block's next row filled
+  // while this one reduces and stores (where both fit: bf16 50257 softmax and layer norm).
   const std::set<std::string> long_rows = {
       "softmax_bf16_50257", "softmax_50257",      "softmax_65536",       "softmax_bf16_65536",
       "log_softmax_131072", "softmax_262144",     "log_softmax_262144",  "softmax_bf16_262144",
@@ -182,6 +186,12 @@ std::vector<Fixture> Fixtures(bool small, const std::string& arch) {
         sm.grid = 132;  // H200: 132 SMs
         f.push_back(sm);
       }
+    }
+    if (FitsSharedRows(base, arch, CudaLongRows::kSharedPrefetch)) {
+      Fixture smp = base;  // two caches, one block per SM: the next row's loads in flight
+      smp.name += "_smp";
+      smp.long_rows = CudaLongRows::kSharedPrefetch;
+      f.push_back(smp);
     }
     if (auto g = other_grid.find(base.name); g != other_grid.end() && !small) {
       Fixture regrid = l2;

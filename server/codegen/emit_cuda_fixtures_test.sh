@@ -23,7 +23,7 @@ for name in add_f32 bf16_chain broadcast_add_transposed softmax_1024 log_softmax
             row_sum_bf16_64x262144 full_sum_64m full_sum_64m_partials full_sum_64m_combine softmax_50257; do
   grep -q "\"name\": \"${name}\"" "${out}/manifest.json" || { echo "no ${name} in the manifest"; exit 1; }
 done
-python3 -c "import json,sys; m=json.load(open(sys.argv[1])); assert len(m['kernels'])==50; assert all(k['grid']>=1 and k['block']>=32 for k in m['kernels'])" "${out}/manifest.json"
+python3 -c "import json,sys; m=json.load(open(sys.argv[1])); assert len(m['kernels'])==52; assert all(k['grid']>=1 and k['block']>=32 for k in m['kernels'])" "${out}/manifest.json"
 # Odd rows (50257) move in 8-wide bf16 vectors shifted to each row's alignment.
 python3 -c "import json,sys; m={k['name']: k for k in json.load(open(sys.argv[1]))['kernels']}; assert m['softmax_bf16_50257']['vector_width']==8 and m['softmax_50257']['vector_width']==4 and m['layer_norm_bf16_50257']['vector_width']==8, m['softmax_bf16_50257']" "${out}/manifest.json"
 # sm_90: few long rows (1 MB rows do not fit the L2 test) spread over thread-block clusters (grid a multiple of the cluster); the
@@ -34,4 +34,6 @@ python3 -c "import json,sys; m={k['name']: k for k in json.load(open(sys.argv[1]
 # _sm: one block per row caching it in dynamic shared memory (> 48 KiB: the opt-in attribute), for
 # the shapes whose cache fits a block; the others have none.
 python3 -c "import json,sys; m={k['name']: k for k in json.load(open(sys.argv[1]))['kernels']}; sm=[n for n in m if n.endswith('_sm')]; assert sorted(sm)==['layer_norm_bf16_50257_sm','softmax_50257_sm','softmax_bf16_50257_sm','softmax_bf16_65536_sm'], sm; assert all(m[n]['layout']=='shared_row' and m[n]['shared_bytes']>48*1024 and m[n]['cluster']==1 for n in sm), [m[n] for n in sm]; assert m['softmax_bf16_50257_sm']['shared_bytes']==106496; assert all(k['shared_bytes']==0 for n,k in m.items() if k['layout']!='shared_row')" "${out}/manifest.json"
+# _smp: two caches in one block (kSharedPrefetch), where both fit: the bf16 50257 rows.
+python3 -c "import json,sys; m={k['name']: k for k in json.load(open(sys.argv[1]))['kernels']}; smp=sorted(n for n in m if n.endswith('_smp')); assert smp==['layer_norm_bf16_50257_smp','softmax_bf16_50257_smp'], smp; assert all(m[n]['layout']=='shared_row' and m[n]['shared_bytes']==2*106496 for n in smp), [m[n] for n in smp]" "${out}/manifest.json"
 echo PASS
