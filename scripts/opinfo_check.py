@@ -42,7 +42,7 @@ sum mean prod amax amin max.reduction_no_dim max.reduction_with_dim min.reductio
 min.reduction_with_dim argmax argmin any all var std var_mean softmax log_softmax nn.functional.layer_norm
 nn.functional.batch_norm cat stack constant_pad_nd tril triu mm bmm addmm nn.functional.conv2d
 permute transpose t expand view reshape squeeze unsqueeze narrow select split unbind as_strided
-index_select gather nn.functional.embedding cumsum repeat slice_scatter select_scatter
+index_select gather nn.functional.embedding cumsum repeat slice_scatter select_scatter nn.functional.mse_loss
 """.split()
 DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.int64)
 

@@ -90,6 +90,25 @@ absl::StatusOr<Type> InferGelu(const InferContext& ctx) {
   return Pointwise(ops, Promotion::kDefault)(ctx);
 }
 
+// mse_loss: (self - target)^2 (reduction 0: none) or its mean (1, the default) or sum (2) as a
+// 0-d tensor, in the promoted dtype.
+absl::StatusOr<Type> InferMseLoss(const InferContext& ctx) {
+  int64_t reduction = 1;
+  if (ctx.num_args() > 2 && !ctx.is_none(2)) {
+    KILN_ASSIGN_OR_RETURN(reduction, ctx.Int(2));
+  }
+  if (reduction < 0 || reduction > 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("mse_loss: reduction must be 0 (none), 1 (mean) or 2 (sum), got ", reduction));
+  }
+  KILN_ASSIGN_OR_RETURN(Type t, Pointwise({0, 1}, Promotion::kDefault)(ctx));
+  if (reduction != 0) {
+    t.tensor.sizes.clear();
+    t.tensor.strides.clear();
+  }
+  return t;
+}
+
 // A result laid out like empty_like(self) (or per memory_format), with dtype `dtype_arg` or self's.
 absl::StatusOr<Type> LikeSelf(const InferContext& ctx, int dtype_arg, int device_arg, int format_arg) {
   KILN_ASSIGN_OR_RETURN(const TensorType* self, ctx.RequireTensor(0));
@@ -258,6 +277,11 @@ void RegisterPointwiseOps(std::vector<OpSpec>* specs) {
   add("elu_backward(Tensor grad_output, Scalar alpha, Scalar scale, Scalar input_scale, bool is_result, Tensor self_or_result) -> Tensor", Pointwise({0, 5}, kDef));
   add("softplus_backward(Tensor grad_output, Tensor self, Scalar beta, Scalar threshold) -> Tensor", Pointwise({0, 1}, kDef));
   add("native_dropout_backward(Tensor grad_output, Tensor mask, float scale) -> Tensor", Pointwise({0}, kSame, {1}));
+  // mse_loss lowers as a reduction over all dims (or, with reduction 0, pointwise: lower_reduction.cc).
+  specs->push_back(OpSpec{"aten", "mse_loss(Tensor self, Tensor target, int reduction=1) -> Tensor",
+                          OpClass::kReduction, InferMseLoss});
+  add("mse_loss_backward(Tensor grad_output, Tensor self, Tensor target, int reduction) -> Tensor",
+      Pointwise({0, 1, 2}, kDef));
   add("native_dropout(Tensor input, float p, bool? train) -> (Tensor, Tensor)", InferNativeDropout);
   add("_to_copy(Tensor self, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None, bool non_blocking=False, MemoryFormat? memory_format=None) -> Tensor",
       Like(1, 3, 6));

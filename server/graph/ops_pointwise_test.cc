@@ -132,5 +132,20 @@ TEST(PromoteTypesTest, Table) {
   EXPECT_EQ(PromoteTypes(v1::DTYPE_FLOAT8_E4M3FN, kF32), v1::DTYPE_UNSPECIFIED);
 }
 
+TEST(PointwiseTest, MseLossAndItsBackward) {
+  // Mean (the default) and sum: 0-d; none: the operands' shape; the dtype promotes.
+  EXPECT_EQ(InferString("aten.mse_loss.default", {F32({4, 6}), F32({4, 6})}, {Ref("a0"), Ref("a1")}),
+            "f32[] strides [] cuda");
+  EXPECT_EQ(InferString("aten.mse_loss.default", {T(kBf16, {4, 6}), F32({4, 6})}, {Ref("a0"), Ref("a1"), I(2)}),
+            "f32[] strides [] cuda");
+  EXPECT_EQ(InferString("aten.mse_loss.default", {F32({4, 6}), F32({4, 6})}, {Ref("a0"), Ref("a1"), I(0)}),
+            "f32[4, 6] strides [6, 1] cuda");
+  EXPECT_EQ(InferString("aten.mse_loss.default", {F32({4, 6}), F32({4, 6})}, {Ref("a0"), Ref("a1"), I(3)}),
+            "error: mse_loss: reduction must be 0 (none), 1 (mean) or 2 (sum), got 3");
+  EXPECT_EQ(InferString("aten.mse_loss_backward.default", {F32({}), F32({4, 6}), F32({4, 6})},
+                        {Ref("a0"), Ref("a1"), Ref("a2"), I(1)}),
+            "f32[4, 6] strides [6, 1] cuda");
+}
+
 }  // namespace
 }  // namespace kiln::graph

@@ -325,6 +325,29 @@ absl::StatusOr<PwDef> Define(Lowerer& l, const Node& n, ScalarType out) {
     };
     return d;
   }
+  if (name == "mse_loss_backward") {  // norm * (self - target) * grad, as ATen's
+    KILN_RETURN_IF_ERROR(opnd(0));
+    KILN_RETURN_IF_ERROR(opnd(1));
+    KILN_RETURN_IF_ERROR(opnd(2));
+    int64_t reduction = 1;
+    if (n.args.size() > 3) {
+      if (n.args[3].kind != Arg::Kind::kInt) return absl::UnimplementedError("mse_loss_backward reduction");
+      reduction = n.args[3].i;
+    }
+    if (reduction < 0 || reduction > 2) return absl::UnimplementedError("mse_loss_backward reduction");
+    double norm = 2.0;  // none and sum
+    if (reduction == 1) {  // mean: 2 / self.numel()
+      if (d.operands[1].value < 0) return absl::UnimplementedError("mse_loss_backward of a number");
+      int64_t numel = 1;
+      for (int64_t s : l.g().values[d.operands[1].value].sizes) numel *= s;
+      if (numel == 0) return absl::UnimplementedError("mse_loss_backward of an empty tensor");
+      norm = 2.0 / static_cast<double>(numel);
+    }
+    d.combine = [norm](const std::vector<ExprOr>& x, ScalarType ct) -> ExprOr {
+      return k::Mul(k::Mul(k::Sub(x[1], x[2]), LiteralF(ct, norm)), x[0]);
+    };
+    return d;
+  }
   if (name == "native_dropout_backward") {
     KILN_RETURN_IF_ERROR(opnd(0));
     KILN_RETURN_IF_ERROR(opnd(1));

@@ -48,12 +48,69 @@ absl::StatusOr<std::vector<int>> Dims(const Arg& a, int rank) {
   return std::vector<int>(dims.begin(), dims.end());
 }
 
+// mse_loss(self, target, reduction): (self - target)^2 in the compute type, pointwise (reduction
+// 0) or summed over every dim (2; 1 divides by the count, as mean does). Operands of one shape.
+absl::Status LowerMseLoss(Lowerer& l, int32_t node_index) {
+  const Node& n = l.graph().nodes[node_index];
+  if (n.args.size() < 2) return absl::UnimplementedError("mse_loss arguments");
+  KILN_ASSIGN_OR_RETURN(const int32_t x, l.KernelValueOf(n.args[0]));
+  KILN_ASSIGN_OR_RETURN(const int32_t y, l.KernelValueOf(n.args[1]));
+  const std::vector<int64_t> sizes = l.g().values[x].sizes;  // a copy: Add() grows the table
+  if (l.g().values[y].sizes != sizes) return absl::UnimplementedError("mse_loss of operands of two shapes");
+  if (sizes.empty()) return absl::UnimplementedError("mse_loss of 0-d tensors");
+  int64_t count = 1;
+  for (int64_t s : sizes) count *= s;
+  if (count == 0) return absl::UnimplementedError("mse_loss of an empty tensor");
+  int64_t reduction = 1;
+  if (n.args.size() > 2 && n.args[2].kind != Arg::Kind::kNone) {
+    if (n.args[2].kind != Arg::Kind::kInt) return absl::UnimplementedError("mse_loss reduction");
+    reduction = n.args[2].i;
+  }
+  if (reduction < 0 || reduction > 2) return absl::UnimplementedError("mse_loss reduction");
+  if (n.type.kind != Type::Kind::kTensor) return absl::UnimplementedError("mse_loss result");
+  const auto out_st = ToScalarType(n.type.tensor.dtype);
+  if (!out_st) return absl::UnimplementedError("mse_loss result dtype");
+  const ScalarType out = *out_st, ct = ComputeType(out);
+  if (!k::IsFloatType(ct)) return absl::UnimplementedError("integer mse_loss");
+  const ElemFn a = LoadAs(x, ct), b = LoadAs(y, ct);
+  const ElemFn squared = [a, b](LoadContext& ctx, const std::vector<Affine>& idx) -> ExprOr {
+    const ExprOr d = k::Sub(a(ctx, idx), b(ctx, idx));
+    return k::Mul(d, d);
+  };
+  if (reduction == 0) {
+    KILN_ASSIGN_OR_RETURN(LValue v, l.NewValue(node_index, n.type.tensor, ValueKind::kPointwise));
+    if (v.sizes != sizes) return absl::UnimplementedError("mse_loss result shape");
+    v.op = "mse_loss";
+    v.inputs = {x, y};
+    v.elem = [squared, out](LoadContext& ctx, const std::vector<Affine>& idx) {
+      return k::Cast(out, squared(ctx, idx));
+    };
+    l.SetResult(node_index, l.Add(std::move(v)));
+    return absl::OkStatus();
+  }
+  RowBuilder rb{l, node_index, n, RowOp{}, {}};
+  rb.row.name = "mse_loss";
+  rb.row.domain = sizes;
+  rb.row.inputs = {x, y};
+  for (int d = 0; d < static_cast<int>(sizes.size()); ++d) rb.row.reduce_dims.push_back(d);
+  rb.row.accs.push_back({AccKind::kSum, ct, squared});
+  const bool mean = reduction == 1;
+  KILN_RETURN_IF_ERROR(rb.Output(-1, false, [=](LoadContext&, const AccReader& acc, const std::vector<Affine>&) -> ExprOr {
+    ExprOr v = acc(0, AccField::kValue);
+    if (mean) v = k::Div(v, LiteralF(ct, static_cast<double>(count)));
+    return k::Cast(out, v);
+  }));
+  KILN_RETURN_IF_ERROR(SplitFewOutputReduction(l, rb));
+  return rb.Finish();
+}
+
 }  // namespace
 
 absl::Status LowerRowNode(Lowerer& l, int32_t node_index) {
   const Node& n = l.graph().nodes[node_index];
   const std::string& name = n.op->schema.name;
   const std::string& ov = n.op->schema.overload;
+  if (name == "mse_loss") return LowerMseLoss(l, node_index);
   if (n.args.empty()) return absl::UnimplementedError("no input");
   KILN_ASSIGN_OR_RETURN(const int32_t x, l.KernelValueOf(n.args[0]));
   const LValue& in = l.g().values[x];

@@ -144,6 +144,15 @@ case("silu_backward", lambda g, x: torch.ops.aten.silu_backward(g, x), *B2)
 case("gelu_backward", lambda g, x: torch.ops.aten.gelu_backward(g, x), *B2)
 case("gelu_backward-tanh", lambda g, x: torch.ops.aten.gelu_backward(g, x, approximate="tanh"), *B2)
 case("dropout_backward", lambda g, m: torch.ops.aten.native_dropout_backward(g, m, 2.0), r(6, 7), r(6, 7, dtype=b8))
+# losses: mse_loss (reduction 1 mean by default, 2 sum, 0 none) and its backward
+case("mse_loss", lambda a, b: torch.ops.aten.mse_loss(a, b), *B2)
+case("mse_loss-sum", lambda a, b: torch.ops.aten.mse_loss(a, b, 2), *B2)
+case("mse_loss-long", lambda a, b: torch.ops.aten.mse_loss(a, b), r(64, 4096), r(64, 4096))  # split: partial sums
+case("mse_loss-none", lambda a, b: torch.ops.aten.mse_loss(a, b, 0), *B2)
+case("mse_loss-bf16", lambda a, b: torch.ops.aten.mse_loss(a, b), r(6, 7, dtype=bf16), r(6, 7, dtype=bf16))
+case("mse_loss_backward", lambda g, a, b: torch.ops.aten.mse_loss_backward(g, a, b, 1), r(), *B2)
+case("mse_loss_backward-sum", lambda g, a, b: torch.ops.aten.mse_loss_backward(g, a, b, 2), r(), *B2)
+case("mse_loss_backward-none", lambda g, a, b: torch.ops.aten.mse_loss_backward(g, a, b, 0), r(6, 7), *B2)
 # casts and factories
 case("to-f64", lambda x: x.to(f64), A)
 case("to-bf16", lambda x: x.to(bf16), A)
@@ -382,6 +391,7 @@ block("bn-eval-relu", lambda x, rm, rv, w, b: F.relu(F.batch_norm(x, rm.detach()
       r(2, 4, 5, 5), r(4), pos(4), r(4), r(4))
 block("transformer", transformer_block, r(2, 4, 16), pos(16), r(16), r(16, 16), r(16, 16))
 block("cross-entropy-free", lambda x, t: -(x.log_softmax(-1) * t).sum(-1).mean(), r(4, 10), r(4, 10))
+block("mse-loss", lambda x, w, t: F.mse_loss(x @ w, t), r(4, 8), r(8, 6), r(4, 6))
 block("var-mean", lambda x: (x - x.mean(-1, keepdim=True)) / (x.var(-1, keepdim=True) + 1e-5).sqrt(), r(4, 16))
 
 
