@@ -177,6 +177,54 @@ absl::StatusOr<bool> DefineIndexed(Lowerer& l, const Node& n, LValue& v) {
     };
     return true;
   }
+  if (name == "nll_loss_backward") {
+    // (grad_output, self, target, weight, reduction, ignore_index, total_weight): the one-hot
+    // gradient, as ATen's kernels write it into zeros: at [i, t] (t = target[i] != ignore_index)
+    // weight[t] * -(grad_output / total_weight) (mean), -grad_output (sum), -grad_output[i] (none).
+    if (n.args.size() < 7 || n.args[4].kind != Arg::Kind::kInt || n.args[5].kind != Arg::Kind::kInt) {
+      return absl::UnimplementedError("nll_loss_backward arguments");
+    }
+    if (rank != 1 && rank != 2) return absl::UnimplementedError("nll_loss_backward rank");
+    const int64_t reduction = n.args[4].i, ignore = n.args[5].i;
+    if (reduction < 0 || reduction > 2) return absl::UnimplementedError("nll_loss_backward reduction");
+    const ScalarType ct = ComputeType(out);
+    if (!k::IsFloatType(ct)) return absl::UnimplementedError("nll_loss_backward dtype");
+    KILN_ASSIGN_OR_RETURN(const int32_t grad, l.KernelValueOf(n.args[0]));
+    KILN_ASSIGN_OR_RETURN(const int32_t target, l.KernelValueOf(n.args[2]));
+    KILN_ASSIGN_OR_RETURN(const int32_t total, l.KernelValueOf(n.args[6]));
+    int32_t weight = -1;
+    if (n.args[3].kind != Arg::Kind::kNone) {
+      KILN_ASSIGN_OR_RETURN(weight, l.KernelValueOf(n.args[3]));
+    }
+    const std::vector<int64_t> rows = rank == 2 ? std::vector<int64_t>{v.sizes[0]} : std::vector<int64_t>{};
+    const std::vector<int64_t> classes = {v.sizes[rank - 1]};
+    const std::vector<int64_t> no_dims;
+    const auto& vals = l.g().values;
+    if (vals[target].sizes != rows || !k::IsIntType(vals[target].dtype)) {
+      return absl::UnimplementedError("nll_loss_backward target");
+    }
+    if (vals[grad].sizes != (reduction == 0 ? rows : no_dims) || vals[total].sizes != no_dims) {
+      return absl::UnimplementedError("nll_loss_backward grad_output");
+    }
+    if (weight >= 0 && vals[weight].sizes != classes) return absl::UnimplementedError("nll_loss_backward weight");
+    v.inputs = {grad, target, total};
+    if (weight >= 0) v.inputs.push_back(weight);
+    const ElemFn as_ct_grad = LoadAs(grad, ct), as_ct_total = LoadAs(total, ct), as_ct_weight = LoadAs(weight, ct);
+    v.elem = [=](LoadContext& ctx, const std::vector<Affine>& idx) -> k::ExprOr {
+      const std::vector<Affine> row = rank == 2 ? std::vector<Affine>{idx[0]} : std::vector<Affine>{};
+      const std::vector<Affine> none;
+      const k::ExprOr t = k::Cast(ScalarType::kInt64, ctx.Load(target, row));
+      const k::ExprOr hit = k::Binary(BinaryOp::kLogicalAnd,
+                                      k::Binary(BinaryOp::kEq, t, AffineExpr(idx[rank - 1])),
+                                      k::Binary(BinaryOp::kNe, t, k::ConstInt(ScalarType::kInt64, ignore)));
+      k::ExprOr g = as_ct_grad(ctx, reduction == 0 ? row : none);
+      if (reduction == 1) g = k::Div(g, as_ct_total(ctx, none));
+      k::ExprOr value = k::Unary(k::UnaryOp::kNeg, g);
+      if (weight >= 0) value = k::Mul(as_ct_weight(ctx, {idx[rank - 1]}), value);
+      return k::Select(hit, k::Cast(out, value), zero());
+    };
+    return true;
+  }
   if (name == "tril" || name == "triu") {
     KILN_ASSIGN_OR_RETURN(const int32_t x, l.KernelValueOf(n.args[0]));
     if (rank < 2 || l.g().values[x].sizes != v.sizes) return absl::UnimplementedError("tril shapes");

@@ -152,6 +152,14 @@ case("mse_loss-none", lambda a, b: torch.ops.aten.mse_loss(a, b, 0), *B2)
 case("mse_loss-bf16", lambda a, b: torch.ops.aten.mse_loss(a, b), r(6, 7, dtype=bf16), r(6, 7, dtype=bf16))
 case("mse_loss_backward", lambda g, a, b: torch.ops.aten.mse_loss_backward(g, a, b, 1), r(), *B2)
 case("mse_loss_backward-sum", lambda g, a, b: torch.ops.aten.mse_loss_backward(g, a, b, 2), r(), *B2)
+NLL_T = r(6, dtype=i64, low=0, high=10)  # class indices of 6 rows of 10 classes (class 3 below: ignored)
+nll_bw = torch.ops.aten.nll_loss_backward
+case("nll_loss_backward", lambda g, x, t, tw: nll_bw(g, x, t, None, 1, -100, tw), r(), r(6, 10), NLL_T, pos())
+case("nll_loss_backward-ignore-sum", lambda g, x, t, tw: nll_bw(g, x, t, None, 2, 3, tw), r(), r(6, 10), NLL_T, pos())
+case("nll_loss_backward-none-weight", lambda g, x, t, w, tw: nll_bw(g, x, t, w, 0, -100, tw),
+     r(6), r(6, 10), NLL_T, pos(10), pos())
+case("nll_loss_backward-1d", lambda g, x, t, tw: nll_bw(g, x, t, None, 1, -100, tw),
+     r(), r(10), r(dtype=i64, low=0, high=10), pos())
 case("mse_loss_backward-none", lambda g, a, b: torch.ops.aten.mse_loss_backward(g, a, b, 0), r(6, 7), *B2)
 # casts and factories
 case("to-f64", lambda x: x.to(f64), A)
@@ -391,6 +399,9 @@ block("bn-eval-relu", lambda x, rm, rv, w, b: F.relu(F.batch_norm(x, rm.detach()
       r(2, 4, 5, 5), r(4), pos(4), r(4), r(4))
 block("transformer", transformer_block, r(2, 4, 16), pos(16), r(16), r(16, 16), r(16, 16))
 block("cross-entropy-free", lambda x, t: -(x.log_softmax(-1) * t).sum(-1).mean(), r(4, 10), r(4, 10))
+block("cross-entropy", lambda x, t: F.cross_entropy(x, t), r(6, 10), NLL_T)
+block("cross-entropy-weighted", lambda x, t, w: F.cross_entropy(x, t, weight=w.detach(), ignore_index=3),
+      r(6, 10), NLL_T, pos(10))
 block("mse-loss", lambda x, w, t: F.mse_loss(x @ w, t), r(4, 8), r(8, 6), r(4, 6))
 block("var-mean", lambda x: (x - x.mean(-1, keepdim=True)) / (x.var(-1, keepdim=True) + 1e-5).sqrt(), r(4, 16))
 
@@ -434,11 +445,11 @@ def trace(name):
     if mode == "fx":
         fresh = [to_device(s(g1)) for s in specs]
     else:
-        # Saved integer tensors of backward graphs are positions (max_pool2d's indices): 0 or 1,
-        # valid in any plane, where random values would make torch's own kernels read out of bounds.
+        # Integer tensors of these graphs are positions (max_pool2d's saved indices, class
+        # targets): 0 or 1, valid in any plane or row of classes, where random values would make
+        # torch's own kernels read out of bounds.
         fresh = [fresh_like(t, g1) for t in inputs]
-        if mode == "bw":
-            fresh = [t.abs() % 2 if isinstance(t, torch.Tensor) and t.dtype == torch.int64 else t for t in fresh]
+        fresh = [t.abs() % 2 if isinstance(t, torch.Tensor) and t.dtype == torch.int64 else t for t in fresh]
     return gm, request_for(gm, name, kind), fresh
 
 
