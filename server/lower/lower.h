@@ -7,9 +7,11 @@
 // becomes exactly one of:
 //   * a pointwise value (registry pointwise ops, casts, copies, fills and factory constants):
 //     an element function with torch's broadcasting and type promotion, scalars as exact literals;
+//     position-dependent ones too (cat, pads, slice/select_backward, tril/triu, nll_loss_backward's
+//     one-hot gradient: lower_indexed.cc);
 //   * a view (registry view ops): no computation, just the node's sizes/strides/offset;
 //   * a row op (reductions sum/mean/prod/amax/amin/max/min/argmax/argmin/any/all/var/std/var_mean,
-//     _softmax, _log_softmax, native_layer_norm); a sum/mean/prod/amax/amin with fewer than 32
+//     _softmax, _log_softmax, native_layer_norm, mse_loss); a sum/mean/prod/amax/amin with fewer than 32
 //     outputs over >= 65536 elements each becomes two row ops (partials, then the reduction of
 //     the partials: lower_split.cc), so that a full reduction spreads over the whole machine;
 //   * an extern step (registry extern ops: mm, bmm, addmm, baddbmm, convolution, ...), or a
