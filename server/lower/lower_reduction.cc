@@ -48,16 +48,25 @@ absl::StatusOr<std::vector<int>> Dims(const Arg& a, int rank) {
   return std::vector<int>(dims.begin(), dims.end());
 }
 
-// mse_loss(self, target, reduction): (self - target)^2 in the compute type, pointwise (reduction
-// 0) or summed over every dim (2; 1 divides by the count, as mean does). Operands of one shape.
+// mse_loss(self, target, reduction): (self - target)^2 in the compute type over the operands'
+// broadcast shape, pointwise (reduction 0, or 0-d operands) or summed over every dim (2; 1 divides
+// by the count, as mean does).
 absl::Status LowerMseLoss(Lowerer& l, int32_t node_index) {
   const Node& n = l.graph().nodes[node_index];
   if (n.args.size() < 2) return absl::UnimplementedError("mse_loss arguments");
   KILN_ASSIGN_OR_RETURN(const int32_t x, l.KernelValueOf(n.args[0]));
   KILN_ASSIGN_OR_RETURN(const int32_t y, l.KernelValueOf(n.args[1]));
-  const std::vector<int64_t> sizes = l.g().values[x].sizes;  // a copy: Add() grows the table
-  if (l.g().values[y].sizes != sizes) return absl::UnimplementedError("mse_loss of operands of two shapes");
-  if (sizes.empty()) return absl::UnimplementedError("mse_loss of 0-d tensors");
+  // Copies: Add() grows the value table.
+  const std::vector<int64_t> x_sizes = l.g().values[x].sizes, y_sizes = l.g().values[y].sizes;
+  std::vector<int64_t> sizes(std::max(x_sizes.size(), y_sizes.size()), 1);
+  for (const std::vector<int64_t>* in : {&x_sizes, &y_sizes}) {  // torch's broadcasting
+    const size_t skip = sizes.size() - in->size();
+    for (size_t i = 0; i < in->size(); ++i) {
+      int64_t& s = sizes[skip + i];
+      if ((*in)[i] != s && (*in)[i] != 1 && s != 1) return absl::UnimplementedError("mse_loss operands do not broadcast");
+      if ((*in)[i] != 1) s = (*in)[i];
+    }
+  }
   int64_t count = 1;
   for (int64_t s : sizes) count *= s;
   if (count == 0) return absl::UnimplementedError("mse_loss of an empty tensor");
@@ -73,11 +82,11 @@ absl::Status LowerMseLoss(Lowerer& l, int32_t node_index) {
   const ScalarType out = *out_st, ct = ComputeType(out);
   if (!k::IsFloatType(ct)) return absl::UnimplementedError("integer mse_loss");
   const ElemFn a = LoadAs(x, ct), b = LoadAs(y, ct);
-  const ElemFn squared = [a, b](LoadContext& ctx, const std::vector<Affine>& idx) -> ExprOr {
-    const ExprOr d = k::Sub(a(ctx, idx), b(ctx, idx));
+  const ElemFn squared = [=](LoadContext& ctx, const std::vector<Affine>& idx) -> ExprOr {
+    const ExprOr d = k::Sub(a(ctx, BroadcastIndex(x_sizes, idx)), b(ctx, BroadcastIndex(y_sizes, idx)));
     return k::Mul(d, d);
   };
-  if (reduction == 0) {
+  if (reduction == 0 || sizes.empty()) {  // (the mean or sum of one element: itself)
     KILN_ASSIGN_OR_RETURN(LValue v, l.NewValue(node_index, n.type.tensor, ValueKind::kPointwise));
     if (v.sizes != sizes) return absl::UnimplementedError("mse_loss result shape");
     v.op = "mse_loss";
