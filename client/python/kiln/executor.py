@@ -444,6 +444,7 @@ def _device_guard(index):
 # -- the per-call program ---------------------------------------------------------------------
 
 _MAX_PROGRAMS = 64  # programs kept per plan (one per device for static plans)
+_NO_TORCH_FUNCTION = torch._C.DisableTorchFunction  # no __torch_function__ modes or subclasses
 _TENSORS = itertools.repeat(torch.Tensor)  # isinstance's second argument, for map()
 
 
@@ -525,9 +526,10 @@ class _Program(_WorkspaceMixin, _AtenMixin, _KernelMixin):
         grad = torch.is_grad_enabled()
         torch._C._set_grad_enabled(False)  # torch.no_grad(), without its Python frames
         try:
-            for instruction in self.code:
-                instruction(env)
-            return self.finish(env)
+            with _NO_TORCH_FUNCTION():  # aten steps call bindings as OpOverloads would (_exec_aten)
+                for instruction in self.code:
+                    instruction(env)
+                return self.finish(env)
         finally:
             torch._C._set_grad_enabled(grad)
             if pool is not None:

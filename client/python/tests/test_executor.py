@@ -373,3 +373,38 @@ def test_values_read_before_their_step_and_step_results_read_through_views():
     plan.steps[0].aten.outputs[0] = -1  # nothing produces y now
     with pytest.raises(PlanError, match="v1 is used before the step that produces it ran"):
         run(plan, [xin])
+
+
+def test_bound_aten_steps_run_as_op_overloads_would_under_a_torch_function_mode():
+    """A convolution step calls torch's binding (kiln._exec_aten._BOUND: fewer microseconds a call
+    than the OpOverload), with __torch_function__ disabled around the program, so a mode the caller
+    has active sees nothing of it, as with an OpOverload."""
+    from torch.overrides import TorchFunctionMode
+
+    from kiln._exec_aten import _callable_of
+
+    assert _callable_of(torch.ops.aten.convolution.default) is torch._C._VariableFunctions.convolution
+    assert _callable_of(torch.ops.aten.add.Tensor) is torch.ops.aten.add.Tensor._op
+    plan = proto.Plan(num_inputs=2)
+    x = value(plan, [1, 3, 6, 6], PV.STORAGE_INPUT, 0)
+    w = value(plan, [4, 3, 3, 3], PV.STORAGE_INPUT, 1)
+    y = value(plan, [1, 4, 6, 6], PV.STORAGE_STEP)
+    none = proto.Argument()
+    none.none.SetInParent()
+    aten(plan, "aten.convolution.default", [ref(x), ref(w), none, [1, 1], [1, 1], [1, 1], False, [0, 0], 1], [y])
+    plan.outputs.append(y)
+
+    class Record(TorchFunctionMode):
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            self.seen.append(getattr(func, "__name__", str(func)))
+            return func(*args, **(kwargs or {}))
+
+    args = [torch.randn(1, 3, 6, 6), torch.randn(4, 3, 3, 3)]
+    with Record() as mode:
+        _, (out,) = run(plan, args)
+    torch.testing.assert_close(out, F.conv2d(*args, padding=1))
+    assert "convolution" not in mode.seen, mode.seen
