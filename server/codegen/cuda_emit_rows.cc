@@ -190,11 +190,7 @@ void CudaKernelEmitter::EmitRow(const VecPlan& plan, bool cache) {
       }
       // kSharedPrefetch: two caches, this row's at kiln_buf.
       smem_cache_bytes_ = offset;
-      const std::string which = prefetch_rows_ ? absl::StrCat(" + kiln_buf * ", offset) : "";
-      for (const SmemDecl& d : smem_decls_) {
-        w_.Linef(d.type, "* const ", d.name, " = reinterpret_cast<", d.type, "*>(kiln_dsmem + ", d.offset,
-                 which, ");");
-      }
+      EmitSmemDecls(prefetch_rows_ ? absl::StrCat(" + kiln_buf * ", offset) : "");
       launch_.shared_bytes =
           std::max<int>(launch_.shared_bytes, static_cast<int>(offset * (prefetch_rows_ ? 2 : 1)));
     } else if (values > 0) {

@@ -39,10 +39,7 @@ void CudaKernelEmitter::EmitSharedFill(const VecPlan& plan, int64_t chunks, int6
   w_.Line("const idx_t kiln_u = kiln_next;");
   EmitDecompose("kiln_u", static_cast<int>(k_.outer.size()));
   if (shifted_) w_.Linef("const idx_t kiln_sh = ", plan.shift, ";");
-  for (const SmemDecl& d : smem_decls_) {
-    w_.Linef(d.type, "* const ", d.name, " = reinterpret_cast<", d.type, "*>(kiln_dsmem + ", d.offset,
-             " + (kiln_buf ^ 1) * ", smem_cache_bytes_, ");");
-  }
+  EmitSmemDecls(absl::StrCat(" + (kiln_buf ^ 1) * ", smem_cache_bytes_));
   EmitSharedFillLoop(fill, plan, chunks, total);
   w_.Line("kiln_cuda::cp_async_commit();");
   w_.Close();
@@ -93,6 +90,13 @@ void CudaKernelEmitter::EmitSharedFillLoop(const std::vector<const CacheEntry*>&
     });
   }
   w_.Close();
+}
+
+void CudaKernelEmitter::EmitSmemDecls(const std::string& cache_offset) {
+  for (const SmemDecl& d : smem_decls_) {
+    w_.Linef(d.type, "* const ", d.name, " = reinterpret_cast<", d.type, "*>(kiln_dsmem + ", d.offset,
+             cache_offset, ");");
+  }
 }
 
 std::string CudaKernelEmitter::Slot(const std::string& array) const {

@@ -222,6 +222,9 @@ class CudaKernelEmitter : public CpuKernelEmitter {
   // their own) without waiting; the next row's wait is at its own phase 0. Only where every
   // cached load is first read in phase 0 (a later fill's wait would wait for the prefetch too).
   void EmitSharedFill(const VecPlan& plan, int64_t chunks, int64_t total);
+  // Declares smem_decls_' cache arrays over kiln_dsmem, each at its offset plus `cache_offset`
+  // (code: "" for the one cache, " + kiln_buf * N" for this row's of two...).
+  void EmitSmemDecls(const std::string& cache_offset);
   // The fill loop over `fill`'s slots (no wait).
   void EmitSharedFillLoop(const std::vector<const CacheEntry*>& fill, const VecPlan& plan,
                           int64_t chunks, int64_t total);

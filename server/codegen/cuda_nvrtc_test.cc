@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
@@ -94,28 +95,25 @@ TEST(CudaNvrtc, EveryKernelCompilesForSm80AndSm90) {
   }
 }
 
-// Rows cached in dynamic shared memory (kSharedRow, forced on both archs; sm_90 picks it for the
-// bf16 50257 rows by default): f32 and bf16 slots, shifted vectors, Welford, log_softmax.
-TEST(CudaNvrtc, SharedRowKernelsCompileForSm80AndSm90) {
-  if (!HaveNvrtc()) GTEST_SKIP() << "NVRTC not found";
+// `kernels` with the long-row layout `how` forced, emitted and compiled by NVRTC for sm_80 and
+// sm_90: every kernel takes kSharedRow, `check` sees each arch's source, the cubins are CUDA ELF.
+void CompileSharedRows(const std::vector<absl::StatusOr<Kernel>>& built, CudaLongRows how,
+                       absl::FunctionRef<void(const std::string& arch, const CudaSource&)> check) {
   std::vector<Kernel> kernels;
-  for (absl::StatusOr<Kernel> k : {kt::RowSoftmaxBf16(50257), kt::LayerNormBf16(50257, 1e-5f),
-                                   kt::RowSoftmax(32768, true), kt::RowSoftmax(40000, false),
-                                   kt::RmsNorm(65536, 1e-6f, true), kt::LayerNorm(20000, 1e-5f)}) {
+  for (const absl::StatusOr<Kernel>& k : built) {
     ASSERT_TRUE(k.ok()) << k.status();
     kernels.push_back(*k);
   }
   for (const char* arch : {"sm_80", "sm_90"}) {
     CudaEmitOptions emit;
     emit.arch = arch;
-    emit.long_rows = CudaLongRows::kShared;
+    emit.long_rows = how;
     absl::StatusOr<CudaSource> all = EmitCudaSource(kernels, emit);
     ASSERT_TRUE(all.ok()) << all.status();
     for (size_t i = 0; i < kernels.size(); ++i) {
       EXPECT_EQ(all->launches[i].layout, CudaLayout::kSharedRow) << arch << " kernel " << i;
-      EXPECT_GT(all->launches[i].shared_bytes, 48 * 1024) << arch << " kernel " << i;
-      EXPECT_LE(all->launches[i].shared_bytes, std::string(arch) == "sm_80" ? 163 * 1024 : 227 * 1024);
     }
+    check(arch, *all);
     absl::StatusOr<toolchain::CudaBinary> bin =
         toolchain::CompileCuda(all->source, arch, /*ptx=*/false, Options());
     ASSERT_TRUE(bin.ok()) << arch << ": " << bin.status();
@@ -125,31 +123,29 @@ TEST(CudaNvrtc, SharedRowKernelsCompileForSm80AndSm90) {
   }
 }
 
+// Rows cached in dynamic shared memory (kSharedRow, forced on both archs; sm_90 picks it for the
+// bf16 50257 rows by default): f32 and bf16 slots, shifted vectors, Welford, log_softmax.
+TEST(CudaNvrtc, SharedRowKernelsCompileForSm80AndSm90) {
+  if (!HaveNvrtc()) GTEST_SKIP() << "NVRTC not found";
+  CompileSharedRows({kt::RowSoftmaxBf16(50257), kt::LayerNormBf16(50257, 1e-5f), kt::RowSoftmax(32768, true),
+                     kt::RowSoftmax(40000, false), kt::RmsNorm(65536, 1e-6f, true), kt::LayerNorm(20000, 1e-5f)},
+                    CudaLongRows::kShared, [](const std::string& arch, const CudaSource& all) {
+                      for (size_t i = 0; i < all.launches.size(); ++i) {
+                        EXPECT_GT(all.launches[i].shared_bytes, 48 * 1024) << arch << " kernel " << i;
+                        EXPECT_LE(all.launches[i].shared_bytes, arch == "sm_80" ? 163 * 1024 : 227 * 1024);
+                      }
+                    });
+}
+
 // Two row caches a block (kSharedPrefetch, forced): the next row's fill in flight (cp.async
 // commit groups), shifted vectors (odd lengths), Welford and softmax.
 TEST(CudaNvrtc, SharedRowKernelsWithTheNextRowPrefetchedCompileForSm80AndSm90) {
   if (!HaveNvrtc()) GTEST_SKIP() << "NVRTC not found";
-  std::vector<Kernel> kernels;
-  for (absl::StatusOr<Kernel> k : {kt::RowSoftmaxBf16(20001), kt::LayerNormBf16(30001, 1e-5f),
-                                   kt::RowSoftmax(12000, true), kt::RmsNorm(24576, 1e-6f, true)}) {
-    ASSERT_TRUE(k.ok()) << k.status();
-    kernels.push_back(*k);
-  }
-  for (const char* arch : {"sm_80", "sm_90"}) {
-    CudaEmitOptions emit;
-    emit.arch = arch;
-    emit.long_rows = CudaLongRows::kSharedPrefetch;
-    absl::StatusOr<CudaSource> all = EmitCudaSource(kernels, emit);
-    ASSERT_TRUE(all.ok()) << all.status();
-    for (size_t i = 0; i < kernels.size(); ++i) {
-      EXPECT_EQ(all->launches[i].layout, CudaLayout::kSharedRow) << arch << " kernel " << i;
-    }
-    EXPECT_TRUE(absl::StrContains(all->source, "kiln_cuda::cp_async_commit();")) << arch;
-    absl::StatusOr<toolchain::CudaBinary> bin =
-        toolchain::CompileCuda(all->source, arch, /*ptx=*/false, Options());
-    ASSERT_TRUE(bin.ok()) << arch << ": " << bin.status();
-    EXPECT_EQ(ElfMachine(bin->bytes), 190) << arch << " (EM_CUDA)";
-  }
+  CompileSharedRows({kt::RowSoftmaxBf16(20001), kt::LayerNormBf16(30001, 1e-5f), kt::RowSoftmax(12000, true),
+                     kt::RmsNorm(24576, 1e-6f, true)},
+                    CudaLongRows::kSharedPrefetch, [](const std::string& arch, const CudaSource& all) {
+                      EXPECT_TRUE(absl::StrContains(all.source, "kiln_cuda::cp_async_commit();")) << arch;
+                    });
 }
 
 TEST(CudaNvrtc, TheHelpersAloneCompile) {

@@ -48,6 +48,18 @@ absl::StatusOr<std::vector<int>> Dims(const Arg& a, int rank) {
   return std::vector<int>(dims.begin(), dims.end());
 }
 
+// The one output of a row whose accumulator 0 (of type `acc`) sums or multiplies: that value (a
+// mean: over `count`), cast to `out`; then split when long (lower_split.cc).
+absl::Status FinishSum(Lowerer& l, RowBuilder& b, ScalarType acc, ScalarType out, bool mean, int64_t count) {
+  KILN_RETURN_IF_ERROR(b.Output(-1, false, [=](LoadContext&, const AccReader& a, const std::vector<Affine>&) -> ExprOr {
+    ExprOr v = a(0, AccField::kValue);
+    if (mean) v = k::Div(v, LiteralF(acc, static_cast<double>(count)));
+    return k::Cast(out, v);
+  }));
+  KILN_RETURN_IF_ERROR(SplitFewOutputReduction(l, b));
+  return b.Finish();
+}
+
 // mse_loss(self, target, reduction): (self - target)^2 in the compute type over the operands'
 // broadcast shape, pointwise (reduction 0, or 0-d operands) or summed over every dim (2; 1 divides
 // by the count, as mean does).
@@ -103,14 +115,7 @@ absl::Status LowerMseLoss(Lowerer& l, int32_t node_index) {
   rb.row.inputs = {x, y};
   for (int d = 0; d < static_cast<int>(sizes.size()); ++d) rb.row.reduce_dims.push_back(d);
   rb.row.accs.push_back({AccKind::kSum, ct, squared});
-  const bool mean = reduction == 1;
-  KILN_RETURN_IF_ERROR(rb.Output(-1, false, [=](LoadContext&, const AccReader& acc, const std::vector<Affine>&) -> ExprOr {
-    ExprOr v = acc(0, AccField::kValue);
-    if (mean) v = k::Div(v, LiteralF(ct, static_cast<double>(count)));
-    return k::Cast(out, v);
-  }));
-  KILN_RETURN_IF_ERROR(SplitFewOutputReduction(l, rb));
-  return rb.Finish();
+  return FinishSum(l, rb, ct, out, reduction == 1, count);
 }
 
 }  // namespace
@@ -173,14 +178,7 @@ absl::Status LowerRowNode(Lowerer& l, int32_t node_index) {
     int64_t count = 1;
     for (int d : b.row.reduce_dims) count *= in.sizes[d];
     b.row.accs.push_back({name == "prod" ? AccKind::kProd : AccKind::kSum, acc, LoadAs(x, acc)});
-    const bool mean = name == "mean";
-    KILN_RETURN_IF_ERROR(b.Output(-1, false, [=](LoadContext&, const AccReader& a, const std::vector<Affine>&) -> ExprOr {
-      ExprOr v = a(0, AccField::kValue);
-      if (mean) v = k::Div(v, LiteralF(acc, static_cast<double>(count)));
-      return k::Cast(out, v);
-    }));
-    KILN_RETURN_IF_ERROR(SplitFewOutputReduction(l, b));
-    return b.Finish();
+    return FinishSum(l, b, acc, out, name == "mean", count);
   }
   if (name == "amax" || name == "amin" || ((name == "max" || name == "min") && ov.empty())) {
     if (in.dtype == ScalarType::kBool) return absl::UnimplementedError("max of bool");

@@ -297,23 +297,12 @@ def test_aot_cache_second_process_loads_the_cuda_graphs(server, tmp_path):
     """Option aot_cache on CUDA: a second process loads the block's training and inference graphs
     from AOTAutograd's cache (no AOTAutograd trace), gets their CUDA plans from kilnd's cache and
     matches eager (tests/python/aot_cache_child.py, run on cuda)."""
-    import json
-    import subprocess
-
     from kiln import aot_cache
+    from test_backend_aot_cache import run_child
 
     if not aot_cache.available():
         pytest.skip("this torch lacks OutputCode or the AOTAutograd cache flags")
-
-    def child():
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), TORCHINDUCTOR_CACHE_DIR=str(tmp_path))
-        env.pop("KILN_SERVER", None)
-        p = subprocess.run([sys.executable, str(REPO / "tests" / "python" / "aot_cache_child.py"), server.address,
-                            "cuda"], capture_output=True, text=True, timeout=600, env=env)
-        assert p.returncode == 0, p.stderr[-3000:]
-        return json.loads(p.stdout.strip().splitlines()[-1])
-
-    first, second = child(), child()
+    first, second = (run_child(server.address, str(tmp_path), "cuda", timeout=600) for _ in range(2))
     for run in (first, second):
         assert run["match"] and run["fallbacks"] == 0 and run["plan_calls"] >= 3 and run["kernel_steps"] > 0, run
     assert first["aot"].get("autograd_cache_saved", 0) >= 2, first

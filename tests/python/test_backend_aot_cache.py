@@ -17,11 +17,13 @@ pytestmark = pytest.mark.skipif(not aot_cache.available(),
                                 reason="this torch lacks OutputCode or the AOTAutograd cache flags")
 
 
-def run_child(address, torch_cache):
-    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=torch_cache)
+def run_child(address, torch_cache, device="cpu", timeout=300):
+    """aot_cache_child.py on `device` against kilnd at `address`, with this process's sys.path
+    (tests/gpu imports this from a checkout whose client is not installed); its JSON line."""
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=torch_cache, PYTHONPATH=os.pathsep.join(sys.path))
     env.pop("KILN_SERVER", None)
-    p = subprocess.run([sys.executable, os.path.join(HERE, "aot_cache_child.py"), address],
-                       capture_output=True, text=True, env=env, timeout=300)
+    p = subprocess.run([sys.executable, os.path.join(HERE, "aot_cache_child.py"), address, device],
+                       capture_output=True, text=True, env=env, timeout=timeout)
     assert p.returncode == 0, p.stderr[-3000:]
     return json.loads(p.stdout.strip().splitlines()[-1])
 
