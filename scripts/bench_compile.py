@@ -437,11 +437,12 @@ def section_c(args, kilnd_binary, problems, over_budget):
         pkg_fallback = [w for k in ("pkg_cold", "pkg_warm") if k in ok and "kiln" in ok[k]
                         for w in ok[k]["kiln"]["warnings"] if "kiln.compile" in w]
         px = f("ind_warm") / f("pkg_warm") if f("ind_warm") and f("pkg_warm") else None
-        if px and not pkg_eager and not pkg_fallback:
+        if pkg_eager or pkg_fallback:
+            if "pkg_warm" in ok:
+                problems.append(f"(c) {wl}: kiln.compile ran graphs eagerly or fell back: "
+                                f"{'; '.join(pkg_fallback)[:300] or 'eager graphs'}")
+        elif px:  # no ratio without Inductor's row (--skip-inductor)
             pkg_x.append(px)
-        elif "pkg_warm" in ok:
-            problems.append(f"(c) {wl}: kiln.compile ran graphs eagerly or fell back: "
-                            f"{'; '.join(pkg_fallback)[:300] or 'eager graphs'}")
         cx = f("ind_cold") / f("kiln_cold") if f("ind_cold") and f("kiln_cold") else None
         wx = f("ind_warm") / f("kiln_warm") if f("ind_warm") and f("kiln_warm") else None
         if not kiln_eager:

@@ -1,6 +1,6 @@
-"""Experimental (option ``aot_cache``, KILN_AOT_CACHE=1): kiln's graphs in AOTAutograd's cache, so
-that a new process skips AOTAutograd (the joint trace and the min-cut partitioner) for a graph it
-has seen, as Inductor's warm start does. Dynamo still traces.
+"""Option ``aot_cache`` (on by default; KILN_AOT_CACHE=0 turns it off): kiln's graphs in
+AOTAutograd's cache, so that a new process skips AOTAutograd (the joint trace and the min-cut
+partitioner) for a graph it has seen, as Inductor's warm start does. Dynamo still traces.
 
 How: kiln's forward/backward/inference compilers return a ``KilnOutputCode`` (torch's
 ``torch._inductor.output_code.OutputCode`` interface, as torch's regional_inductor does) and the
@@ -14,8 +14,8 @@ options are the current ones, not the saved ones) and asks kilnd for its plan: a
 or a compile when the artifact is gone. Anything that fails there makes AOTAutograd bypass its cache
 and compile as without this option.
 
-Checked with torch 2.13 (the development machine's): `available()` says whether this torch has
-the pieces; where it does not, the option does nothing.
+Checked with torch 2.13 (the development machine's) and 2.11 (the H200 machine's, on CUDA):
+`available()` says whether this torch has the pieces; where it does not, the option does nothing.
 """
 
 import contextlib

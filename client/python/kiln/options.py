@@ -19,7 +19,7 @@
 | disable_fusion            | KILN_DISABLE_FUSION            | False (CompileOptions.disable_fusion)    |
 | cuda_graphs               | KILN_CUDA_GRAPHS               | False (True: CUDA plans replay captured CUDA graphs, kiln.cuda_graphs) |
 | prefetch_backward         | KILN_PREFETCH_BACKWARD         | True (a training graph's backward is sent to Compile when the partitioner makes it, not at the first backward) |
-| aot_cache                 | KILN_AOT_CACHE                 | False (experimental: AOTAutograd's cache keeps kiln's graphs, so a new process skips AOTAutograd: kiln.aot_cache) |
+| aot_cache                 | KILN_AOT_CACHE                 | True (AOTAutograd's cache keeps kiln's graphs, so a new process skips AOTAutograd: kiln.aot_cache; does nothing on a torch without the pieces) |
 | prewarm                   | KILN_PREWARM                   | True (kiln.compile: a loaded CUDA plan's convolutions run once on scratch tensors in a background thread while the package's guards build, kiln.prewarm) |
 
 Booleans accept 1/0, true/false, yes/no, on/off. Unknown option names are an error (a typo must not
@@ -95,7 +95,7 @@ class Options:
     disable_fusion: bool = False
     cuda_graphs: bool = False
     prefetch_backward: bool = True
-    aot_cache: bool = False
+    aot_cache: bool = True
     prewarm: bool = True
 
     @property
