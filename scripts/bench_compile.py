@@ -34,12 +34,12 @@ def compile_estimate(args, workload):
     if not args.skip_inductor:
         processes += 1 + warm
         extra += EST_INDUCTOR_COLD.get(workload, 10)
-    if not args.kiln_compile_only:
-        processes += 2 + warm
     if args.kiln_compile_only:
-        processes += 1 + warm
-    elif not args.no_kiln_compile:
-        processes += 2 + warm
+        processes += 1 + warm  # kiln.compile: cold, warm
+    else:
+        processes += 2 + warm  # the plain backend: cold, warm, disk
+        if not args.no_kiln_compile:
+            processes += 2 + warm  # kiln.compile: cold, warm, disk
     return processes * EST_PROCESS.get(workload, 20) + extra
 
 

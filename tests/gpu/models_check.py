@@ -286,7 +286,7 @@ def run_case(args, name, dtype, mode, address):
             if is_conv_case(base):
                 runs.append(("eager-cl", prepare(copy.deepcopy(base), dtype, channels_last=True), dtype,
                              lambda m: m))
-        phase = "running eager, kiln" + ("" if args.no_fp64_ref else " and the fp64 reference")
+        phase = "running " + ", ".join(label for label, *_ in runs)
         gc.collect()
         before = gm.compiled_graph_ids()
         with gm.capture_kiln_warnings() as w:
