@@ -77,11 +77,122 @@ bool GemmDType(v1::DType d) {
   return d == v1::DTYPE_FLOAT32 || d == v1::DTYPE_FLOAT16 || d == v1::DTYPE_BFLOAT16;
 }
 
+// Whether every item of list argument `index` is the int `want` (an absent argument: false).
+bool AllInts(const graph::Node& node, size_t index, int64_t want) {
+  if (index >= node.args.size() || node.args[index].kind != Arg::Kind::kList) return false;
+  for (const Arg& a : node.args[index].list) {
+    if (a.kind != Arg::Kind::kInt || a.i != want) return false;
+  }
+  return true;
+}
+
+// The stride of the rows made of a 4-D value's dims 0, 2 and 3 (N, H, W) collapsed into one, when
+// they collapse (size-1 dims address nothing): W's stride, H's = W's * W, N's = H's * H.
+bool CollapsedRowStride(const LValue& v, int64_t* out) {
+  int64_t stride = 0, extent = 0;  // of the collapsed dims so far (inner first)
+  for (int d : {3, 2, 0}) {
+    if (v.sizes[d] == 1) continue;
+    if (extent == 0) {
+      stride = v.strides[d];
+    } else if (v.strides[d] != stride * extent) {
+      return false;
+    }
+    extent = extent == 0 ? v.sizes[d] : extent * v.sizes[d];
+  }
+  *out = extent == 0 ? std::max<int64_t>(1, v.sizes[1]) : stride;
+  return true;
+}
+
+// aten.convolution of a 1x1 kernel (stride 1, no padding or dilation, one group, not transposed) in
+// f16 or bf16 over a channels-last input into a channels-last result: the GEMM
+// D[N*H*W, K] = X[N*H*W, C] @ W[K, C]^T (+ bias over rows), what cuDNN computes for it. f32 stays a
+// convolution: torch gives cuDNN TF32 under its own flag (torch.backends.cudnn.allow_tf32), which
+// the GEMM step's flag (matmul precision) does not follow.
+absl::StatusOr<GemmCall> MatchConv1x1(const OpGraph& g, const ExternStep& step, const graph::Node& node) {
+  auto value_of = [&](size_t i) -> int32_t {
+    if (i >= node.args.size() || node.args[i].kind != Arg::Kind::kValue) return -1;
+    const int32_t n = node.args[i].value;
+    return n >= 0 && n < static_cast<int32_t>(g.node_value.size()) ? g.node_value[n] : -1;
+  };
+  if (node.args.size() != 9) return NotFound(node.name, "a convolution with other than 9 arguments");
+  if (!AllInts(node, 3, 1) || !AllInts(node, 4, 0) || !AllInts(node, 5, 1) ||
+      node.args[6].kind != Arg::Kind::kBool || node.args[6].b || node.args[8].kind != Arg::Kind::kInt ||
+      node.args[8].i != 1) {
+    return NotFound(node.name, "not a 1x1 convolution (stride 1, no padding, dilation 1, one group, not transposed)");
+  }
+  GemmCall call;
+  call.a = value_of(0);
+  call.b = value_of(1);
+  const bool with_bias = node.args[2].kind != Arg::Kind::kNone;
+  call.c = with_bias ? value_of(2) : -1;
+  call.d = step.outputs.size() == 1 ? step.outputs[0] : -1;
+  if (call.a < 0 || call.b < 0 || call.d < 0 || (with_bias && call.c < 0)) {
+    return NotFound(node.name, "an operand is not a tensor value");
+  }
+  const LValue& x = g.values[call.a];
+  const LValue& w = g.values[call.b];
+  const LValue& d = g.values[call.d];
+  if (x.sizes.size() != 4 || w.sizes.size() != 4 || d.sizes.size() != 4 || w.sizes[2] != 1 || w.sizes[3] != 1) {
+    return NotFound(node.name, "not a 2-D convolution with a 1x1 kernel");
+  }
+  const v1::DType dtype = d.meta.dtype();
+  if ((dtype != v1::DTYPE_FLOAT16 && dtype != v1::DTYPE_BFLOAT16) || x.meta.dtype() != dtype ||
+      w.meta.dtype() != dtype || (with_bias && g.values[call.c].meta.dtype() != dtype)) {
+    return NotFound(node.name, "a convolution GEMM takes f16 or bf16, the same for every operand");
+  }
+  const int64_t n = x.sizes[0], c = x.sizes[1], h = x.sizes[2], wd = x.sizes[3], k = w.sizes[0];
+  if (w.sizes[1] != c || d.sizes[0] != n || d.sizes[1] != k || d.sizes[2] != h || d.sizes[3] != wd) {
+    return NotFound(node.name, "operand sizes do not match the result");
+  }
+  const int64_t m = n * h * wd;
+  if (m == 0 || c == 0 || k == 0) return NotFound(node.name, "an empty operand");
+  if (m > std::numeric_limits<int32_t>::max()) return NotFound(node.name, "more rows than cuBLASLt takes");
+  int64_t x_rows = 0, d_rows = 0;
+  Matrix am, bm, dm;
+  if (!CollapsedRowStride(x, &x_rows) || !NormalizeMatrix(m, c, x_rows, x.strides[1], &am) || am.col_stride != 1) {
+    return NotFound(node.name, absl::StrCat("the input (", Layout(x), ") is not channels-last"));
+  }
+  if (!CollapsedRowStride(d, &d_rows) || !NormalizeMatrix(m, k, d_rows, d.strides[1], &dm) || dm.col_stride != 1) {
+    return NotFound(node.name, absl::StrCat("the result (", Layout(d), ") is not channels-last"));
+  }
+  if (!NormalizeMatrix(c, k, w.strides[1], w.strides[0], &bm)) {
+    return NotFound(node.name, absl::StrCat("the weight (", Layout(w), ") has no unit stride"));
+  }
+  int64_t c_kind = kGemmNoC;
+  if (with_bias) {
+    const LValue& bias = g.values[call.c];
+    if (bias.sizes.size() != 1 || bias.sizes[0] != k || (k > 1 && bias.strides[0] != 1)) {
+      return NotFound(node.name, absl::StrCat("the bias (", Layout(bias), ") is not a contiguous vector"));
+    }
+    c_kind = kGemmBias;
+  }
+  int64_t* p = call.params;
+  p[kGemmBatch] = 1;
+  p[kGemmM] = m;
+  p[kGemmN] = k;
+  p[kGemmK] = c;
+  p[kGemmDType] = dtype;
+  p[kGemmARowStride] = am.row_stride;
+  p[kGemmAColStride] = am.col_stride;
+  p[kGemmBRowStride] = bm.row_stride;
+  p[kGemmBColStride] = bm.col_stride;
+  p[kGemmDRowStride] = dm.row_stride;
+  p[kGemmCKind] = c_kind;
+  p[kGemmWorkspaceBytesParam] = kGemmWorkspaceBytes;
+  call.alpha = 1.0;
+  call.beta = with_bias ? 1.0 : 0.0;
+  return call;
+}
+
 }  // namespace
 
 absl::StatusOr<GemmCall> MatchGemm(const OpGraph& g, const ExternStep& step) {
   const graph::Node& node = g.graph->nodes[step.node];
   const std::string& t = step.target;
+  if (t == "aten.convolution.default") {
+    if (step.fallback) return NotFound(node.name, "a fallback step");
+    return MatchConv1x1(g, step, node);
+  }
   const bool batched = t == "aten.bmm.default" || t == "aten.baddbmm.default";
   const bool with_c = t == "aten.addmm.default" || t == "aten.baddbmm.default";
   if (!batched && !with_c && t != "aten.mm.default") return NotFound(node.name, "not a GEMM");

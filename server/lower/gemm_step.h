@@ -1,8 +1,16 @@
 #ifndef KILN_SERVER_LOWER_GEMM_STEP_H_
 #define KILN_SERVER_LOWER_GEMM_STEP_H_
 
-// MatchGemm: an extern aten.mm / bmm / addmm / baddbmm step -> a GEMM the runtime can hand to
-// cuBLASLt (a LibraryStep "cublasLt.matmul"), or NOT_FOUND with the reason it cannot.
+// MatchGemm: an extern aten.mm / bmm / addmm / baddbmm step, or an aten.convolution with a 1x1
+// kernel -> a GEMM the runtime can hand to cuBLASLt (a LibraryStep "cublasLt.matmul"), or
+// NOT_FOUND with the reason it cannot.
+//
+// Convolutions: stride 1, no padding, dilation 1, one group, not transposed, f16 or bf16 (f32
+// stays a convolution: torch gives cuDNN TF32 under its own flag), an input whose N, H and W dims
+// collapse into rows of unit-stride channels (channels-last, as conv_layout.h makes them on CUDA;
+// any layout when H = W = 1) and a result laid out the same way, an optional contiguous bias:
+// D[N*H*W, K] = X[N*H*W, C] @ W[K, C]^T (+ bias over rows). Besides the speed of cuBLASLt's GEMMs,
+// this spares a new process cuDNN's one-time work for each such convolution shape.
 //
 // Takes the OpGraph and one of its extern steps. Succeeds only when every operand is f32, f16 or
 // bf16 (all the same), no size is 0, each operand matrix has a unit stride in one of its last two

@@ -242,6 +242,74 @@ TEST(GemmStepTest, WhatCuBlasCannotExpressStaysAten) {
   EXPECT_EQ(p.workspace_bytes(), 0);
 }
 
+std::vector<v1::Argument> Conv(const std::string& x, const std::string& w, v1::Argument bias,
+                               std::vector<int64_t> stride = {1, 1}, std::vector<int64_t> padding = {0, 0}) {
+  return {Ref(x), Ref(w), std::move(bias), Ints(std::move(stride)), Ints(std::move(padding)), Ints({1, 1}),
+          B(false), Ints({0, 0}), I(1)};
+}
+
+TEST(GemmStepTest, Conv1x1OfChannelsLastHalfImagesIsOneGemm) {
+  // [2, 8, 5, 6] channels-last: pixel rows of 8 channels; the weight [4, 8, 1, 1] is W^T's
+  // column-major [8, 4]; the bias an epilogue over rows; the result [2, 4, 5, 6] channels-last.
+  for (v1::DType dt : {v1::DTYPE_BFLOAT16, v1::DTYPE_FLOAT16}) {
+    GraphBuilder b;
+    b.Input("x", G(dt, {2, 8, 5, 6}, {240, 1, 48, 8})).Input("w", G(dt, {4, 8, 1, 1})).Input("bias", G(dt, {4}))
+        .Call("conv", "aten.convolution.default", Conv("x", "w", Ref("bias")), G(dt, {2, 4, 5, 6}, {120, 1, 24, 4}))
+        .Output({"conv"});
+    PlanStats stats;
+    const v1::Plan p = Plan(b.Build(), true, &stats);
+    ASSERT_EQ(Kinds(p), std::vector<std::string>({"library"}));
+    EXPECT_EQ(stats.extern_steps, 0);
+    const v1::LibraryStep& s = OnlyLibrary(p);
+    EXPECT_EQ(Params(s), Expect({1, 60, 4, 8, dt, 0, 8, 1, 0, 1, 8, 0, 4}, kGemmBias));
+    EXPECT_EQ(s.args(1), 0);
+    EXPECT_EQ(s.args(2), 1);
+    EXPECT_EQ(s.args(3), 2);
+    EXPECT_EQ(s.float_params(0), 1.0);
+    EXPECT_EQ(s.float_params(1), 1.0);
+    EXPECT_TRUE(CheckGemmStep(s).ok());
+  }
+}
+
+TEST(GemmStepTest, OtherConvolutionsStayAtenSteps) {
+  const v1::DType bf = v1::DTYPE_BFLOAT16;
+  const v1::ValueMeta cl_in = G(bf, {2, 8, 6, 6}, {288, 1, 48, 8});
+  struct Case {
+    std::string name;
+    v1::ValueMeta x, w, out;
+    std::vector<int64_t> stride, padding;
+  };
+  const std::vector<Case> cases = {
+      // f32: torch gives cuDNN TF32 under torch.backends.cudnn.allow_tf32, not the GEMM's flag
+      {"f32", Cu({2, 8, 6, 6}, {288, 1, 48, 8}), Cu({4, 8, 1, 1}), Cu({2, 4, 6, 6}, {144, 1, 24, 4}), {1, 1}, {0, 0}},
+      {"3x3", cl_in, G(bf, {4, 8, 3, 3}, {72, 1, 24, 8}), G(bf, {2, 4, 6, 6}, {144, 1, 24, 4}), {1, 1}, {1, 1}},
+      {"stride 2", cl_in, G(bf, {4, 8, 1, 1}), G(bf, {2, 4, 3, 3}, {36, 1, 12, 4}), {2, 2}, {0, 0}},
+      {"NCHW", G(bf, {2, 8, 6, 6}), G(bf, {4, 8, 1, 1}), G(bf, {2, 4, 6, 6}), {1, 1}, {0, 0}},
+  };
+  for (const Case& c : cases) {
+    GraphBuilder b;
+    b.Input("x", c.x).Input("w", c.w)
+        .Call("conv", "aten.convolution.default", Conv("x", "w", None(), c.stride, c.padding), c.out)
+        .Output({"conv"});
+    PlanStats stats;
+    const v1::Plan p = Plan(b.Build(), true, &stats);
+    EXPECT_EQ(Kinds(p), std::vector<std::string>({"aten.convolution.default"})) << c.name;
+    EXPECT_EQ(stats.library_steps, 0) << c.name;
+  }
+}
+
+TEST(GemmStepTest, Conv1x1OverOnePixelIsAGemmInEitherLayout) {
+  // [N, C, 1, 1]: the rows are the batch, whatever the memory format says.
+  const v1::DType bf = v1::DTYPE_BFLOAT16;
+  GraphBuilder b;
+  b.Input("x", G(bf, {3, 16, 1, 1})).Input("w", G(bf, {8, 16, 1, 1}))
+      .Call("conv", "aten.convolution.default", Conv("x", "w", None()), G(bf, {3, 8, 1, 1}))
+      .Output({"conv"});
+  const v1::Plan p = Plan(b.Build());
+  ASSERT_EQ(Kinds(p), std::vector<std::string>({"library"}));
+  EXPECT_EQ(Params(OnlyLibrary(p)), Expect({1, 3, 8, 16, bf, 0, 16, 1, 0, 1, 16, 0, 8}));
+}
+
 TEST(GemmStepTest, CheckRefusesBadSteps) {
   GraphBuilder b;
   b.Input("a", Cu({32, 64})).Input("w", Cu({64, 16}))

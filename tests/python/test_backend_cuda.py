@@ -161,13 +161,21 @@ def _gemms():
         ("bmm-t", lambda q, k: torch.bmm(q, k.transpose(1, 2)), (r(3, 5, 8), r(3, 7, 8))),
         ("baddbmm", lambda c, x, y: torch.baddbmm(c, x, y, beta=0.5, alpha=2.0),
          (r(2, 5, 3, dtype=f32), r(2, 5, 8), r(2, 8, 3))),
+        # 1x1 convolutions of channels-last bf16/f16 images: one GEMM over the N*H*W pixel rows.
+        ("conv1x1-bf16", torch.nn.functional.conv2d,
+         (r(2, 8, 5, 6, dtype=bf16).contiguous(memory_format=torch.channels_last), r(4, 8, 1, 1, dtype=bf16),
+          r(4, dtype=bf16))),
+        ("conv1x1-f16", lambda x, w: torch.nn.functional.conv2d(x, w),
+         (r(3, 16, 4, 4, dtype=torch.float16).contiguous(memory_format=torch.channels_last),
+          r(8, 16, 1, 1, dtype=torch.float16))),
     ]
 
 
 def test_cuda_library_steps_run_with_torch_on_cpu_tensors(monkeypatch):
     """kilnd's CUDA plans for GEMMs (library steps "cublasLt.matmul") run here on CPU tensors through
-    the executor's torch path: the encoding (strides, transposes, bias, alpha/beta, batches) gives
-    what eager torch gives, and the plans hold library steps, not aten GEMMs."""
+    the executor's torch path: the encoding (strides, transposes, bias, alpha/beta, batches, 1x1
+    convolutions of channels-last images) gives what eager torch gives, and the plans hold library
+    steps, not aten GEMMs or convolutions."""
     nvrtc = nvrtc_library()
     if nvrtc is None:
         pytest.skip("no NVRTC library for kilnd's CUDA compiles")
@@ -179,7 +187,8 @@ def test_cuda_library_steps_run_with_torch_on_cpu_tensors(monkeypatch):
             kiln.backend.reset()
             kiln.reset_stats()
             got = torch.compile(fn, backend="kiln", options={"server": server.address})(*args)
-            tol = dict(rtol=2e-2, atol=2e-2) if args[0].dtype == torch.bfloat16 else dict(rtol=1e-5, atol=1e-5)
+            tol = dict(rtol=2e-2, atol=2e-2) if args[0].dtype in (torch.bfloat16, torch.float16) else \
+                dict(rtol=1e-5, atol=1e-5)
             torch.testing.assert_close(got, fn(*args), **tol, msg=name)
             s = kiln.stats()
             assert s["plan_calls"] == 1 and s["graph_fallbacks"] == 0, (name, s)
@@ -269,6 +278,67 @@ def test_prewarm_calls_of_kilnds_cuda_plans(monkeypatch):
     monkeypatch.setattr(torch.backends.cudnn, "benchmark", True)
     assert prewarm.calls(ex, torch.device("cuda", 0)) == []
     assert kiln.stats()["prewarm"]["skipped"] >= 2
+
+
+class PointwiseConvNet(torch.nn.Module):
+    """1x1 convolutions of bf16 images and a Linear. In a CUDA plan, `a` reads the NCHW graph
+    input and stays a convolution; kiln makes the relus' results channels-last, so `b` and `c`
+    (same shape) become cuBLASLt GEMMs, and so does the Linear."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Conv2d(8, 8, 1)
+        self.b = torch.nn.Conv2d(8, 8, 1)
+        self.c = torch.nn.Conv2d(8, 8, 1)
+        self.fc = torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        y = torch.relu(self.c(torch.relu(self.b(torch.relu(self.a(x))))))
+        return self.fc(y.mean((2, 3)))
+
+
+def test_prewarm_calls_include_the_plans_cublaslt_gemms(monkeypatch):
+    """A plan's library GEMMs are warmed too (kiln's runtime: cuBLASLt opened, the algorithm of
+    each shape found, its kernels loaded), once per distinct params, on scratch buffers big enough
+    for the params' strides; without cuBLASLt in the runtime the warm-up does nothing."""
+    from kiln import prewarm
+
+    model = PointwiseConvNet().to(torch.bfloat16)
+    x = torch.randn(2, 8, 5, 5, dtype=torch.bfloat16)
+    ((request, response),) = compiled_for_cuda(monkeypatch, (model, x, False))
+    ex = plan_executor(request, response)
+    library = [s[1] for s in ex._steps if s[0] == "library"]
+    assert len(library) == 3  # conv b, conv c (same params), fc
+    calls = [c for c in prewarm.calls(ex, torch.device("cuda", 0)) if not isinstance(c[0], torch._ops.OpOverload)]
+    assert len(calls) == 2 and kiln.stats()["prewarm"]["skipped"] == 0
+    ran = []
+
+    class FakeGemm:
+        def __init__(self, params):
+            self.params, self.buffers = params, [0] * 5
+
+        def run(self, stream):
+            ran.append((self.params, list(self.buffers)))
+
+    class FakeCublas:
+        def gemm_call(self, index, params, alpha, beta):
+            assert index == 0
+            return FakeGemm(params)
+
+    for runtime in (None, FakeCublas()):
+        monkeypatch.setattr(ex, "_cublas", lambda: runtime)
+        monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: type("S", (), {"cuda_stream": 7})())
+        for call in calls:
+            args, kwargs = prewarm.materialize(call, torch.device("cpu"))
+            d, a, b = args[:3]
+            p = call[0].args[2]
+            # Each scratch operand spans what the params address (batch 1: rows and columns only).
+            assert d.numel() >= (p[1] - 1) * p[12] + p[2] and a.numel() >= (p[1] - 1) * p[6] + (p[3] - 1) * p[7] + 1
+            assert b.numel() >= (p[3] - 1) * p[9] + (p[2] - 1) * p[10] + 1 and d.dtype == torch.bfloat16
+            call[0](*args, **kwargs)
+    assert len(ran) == 2  # nothing without cuBLASLt, then both shapes
+    assert {tuple(p[1:4]) for p, _ in ran} == {(50, 8, 8), (2, 4, 8)}  # conv: N*H*W rows; fc
+    assert all(buffers[0] and buffers[1] and buffers[2] and buffers[4] for _, buffers in ran)
 
 
 class GroupNormNet(torch.nn.Module):

@@ -1,6 +1,7 @@
 """Option prewarm: a CUDA plan loaded without tracing (kiln.compile's packages) runs its
-convolutions and other library-backed aten steps (WARM_OPS) once, on scratch tensors, in a
-background thread while the process goes on loading.
+convolutions and other library-backed aten steps (WARM_OPS), and its cuBLASLt GEMM steps
+(through kiln's runtime: cuBLASLt opened, each shape's algorithm found and cached, its kernels
+loaded), once, on scratch tensors, in a background thread while the process goes on loading.
 
 Why: the first convolution of each kind in a process costs cuDNN's one-time work (its libraries
 and kernels loaded into the CUDA context, engines chosen), about 0.3 s for ResNet-50 fp16 on an
@@ -14,7 +15,7 @@ modules at first use: a layer norm backward that kilnd had left to torch took 9 
 call in a training block's first backward).
 
 What runs: each distinct WARM_OPS step of the plan (same op, shapes, strides, dtypes and
-constant arguments once), with inputs from torch.empty_strided (never read back) on the device
+constant arguments once) and each distinct library GEMM (same params), with inputs from torch.empty_strided (never read back) on the device
 and stream that were current when the graph loaded, under no_grad. Steps with symbolic sizes, or
 needing more than MAX_SCRATCH_BYTES of inputs, are skipped, and so are convolutions under
 torch.backends.cudnn.benchmark (its timing runs would compete with the main thread's). Nothing
@@ -81,6 +82,15 @@ def calls(executor, device):
     benchmark = torch.backends.cudnn.benchmark
     out, seen = [], set()
     for step in getattr(executor, "_steps", ()):
+        if step[0] == "library":
+            call = _gemm_call(executor, step[1], device)
+            key = ("gemm", call[0].args[2:])  # params, alpha, beta
+            if _scratch_bytes(call[1]) > MAX_SCRATCH_BYTES:
+                stats_mod.add_to("prewarm", "skipped")
+            elif key not in seen:
+                seen.add(key)
+                out.append(call)
+            continue
         if step[0] != "aten" or str(step[1]) not in WARM_OPS:
             continue
         if benchmark and "convolution" in str(step[1]):
@@ -102,6 +112,51 @@ def calls(executor, device):
             continue
         out.append((op, a, dict(kw)))
     return out
+
+
+def _gemm_call(executor, spec, device):
+    """A calls() entry for one cuBLASLt library step (kiln.executor's spec: where, args, params,
+    alpha, beta): scratch D, A, B (and C, workspace) big enough for the params' strides, and the
+    GEMM run through kiln's runtime as the plan will run it (TF32 bit as kiln._exec_kernels sets
+    it)."""
+    import functools
+
+    import torch
+
+    from kiln import proto
+
+    _, args, p, alpha, beta = spec
+    dtype = executor._dtypes[args[0]]
+    params = list(p)
+    if p[4] == proto.DTYPE_FLOAT32 and torch.get_float32_matmul_precision() != "highest":
+        params[16] |= 1
+    batch, m, n, k = p[:4]
+
+    def flat(rows, cols, row_stride, col_stride, batch_stride, dt=dtype):
+        return ("t", ((batch - 1) * batch_stride + (rows - 1) * row_stride + (cols - 1) * col_stride + 1,), (1,),
+                dt, False)
+
+    none = ("c", None)
+    specs = (flat(m, n, p[12], 1, p[11]), flat(m, k, p[6], p[7], p[5]), flat(k, n, p[9], p[10], p[8]),
+             ("t", (n,), (1,), dtype, False) if p[13] == 1 else flat(m, n, p[15], 1, p[14]) if p[13] == 2 else none,
+             ("t", (p[17],), (1,), torch.uint8, False) if p[17] > 0 else none)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return (functools.partial(_gemm_warmup, executor, index, tuple(params), alpha, beta), specs, {})
+
+
+def _gemm_warmup(executor, index, params, alpha, beta, d, a, b, c, workspace):
+    """One GEMM of a plan's shape through kiln's runtime (cuBLASLt opened, its handle made, the
+    algorithm for these params found and cached, its kernels loaded), on scratch tensors, on the
+    current stream. Nothing when the runtime cannot run GEMMs (the plan then uses torch)."""
+    import torch
+
+    runtime = executor._cublas()
+    if runtime is None:
+        return
+    call = runtime.gemm_call(index, list(params), alpha, beta)
+    for slot, t in enumerate((d, a, b, c, workspace)):
+        call.buffers[slot] = t.data_ptr() if t is not None else 0
+    call.run(torch.cuda.current_stream(d.device).cuda_stream)
 
 
 def materialize(call, device):
