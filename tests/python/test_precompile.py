@@ -188,6 +188,21 @@ def aot_graphs_on_fake_cuda(model, x):
     return graphs
 
 
+def test_channels_last_convolution_inputs_are_refused_with_a_clear_error(cuda_server):
+    """Not supported yet (client README): torch's meta convolution returns an NCHW result for a
+    channels-last input where cuDNN returns channels-last, so kilnd refuses the captured graph and
+    says which node and which strides. NCHW inputs are fine (kilnd lays them out itself)."""
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU())
+    x = torch.randn(2, 3, 8, 8)
+    records = kiln.precompile(model, (x,), target="cuda:sm_90", options={"server": cuda_server.address})
+    assert [r.error for r in records] == [""], records
+    cl_model = model.to(memory_format=torch.channels_last)
+    with pytest.raises(kiln.KilnError, match=r"node 'convolution' \(aten.convolution.default\): inferred "
+                                             r"strides \[512, 1, 64, 8\] but the graph says \[512, 64, 8, 1\]"):
+        kiln.precompile(cl_model, (x.contiguous(memory_format=torch.channels_last),), target="cuda:sm_90",
+                        options={"server": cuda_server.address})
+
+
 def test_cuda_graphs_hash_like_graphs_captured_on_cuda_tensors(server):
     """What precompile sends for cuda:sm_90 has the key of what AOTAutograd makes on CUDA inputs
     (the device index aside, which the key ignores)."""
