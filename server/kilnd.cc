@@ -13,7 +13,9 @@
 #include <atomic>
 #include <algorithm>
 #include <chrono>
+#include <fstream>
 #include <iostream>
+#include <iterator>
 #include <map>
 #include <cstdint>
 #include <memory>
@@ -174,7 +176,23 @@ std::string NvrtcWorkerPath(const std::string& flag) {
   return dir + "/kiln_nvrtc_worker";
 }
 
-std::string VersionString() { return absl::StrCat("kilnd ", kKilnVersion, "\n"); }
+// The SHA-256 of this kilnd's own executable (/proc/self/exe), or "" when it cannot be read. kilnd's
+// code generates the code it caches, and kiln's version string does not change with every build,
+// so the build is part of every key: a rebuilt kilnd never serves an entry another build made.
+std::string BuildId() {
+  static const std::string id = [] {
+    std::ifstream in("/proc/self/exe", std::ios::binary);
+    if (!in) return std::string();
+    std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    return in.bad() ? std::string() : cache::Sha256Hex(bytes);
+  }();
+  return id;
+}
+
+std::string VersionString() {
+  const std::string build = BuildId();
+  return absl::StrCat("kilnd ", kKilnVersion, " (build ", build.empty() ? "unknown" : build.substr(0, 12), ")\n");
+}
 
 absl::Status CheckFlagValues() {
   if (absl::GetFlag(FLAGS_max_receive_message_bytes) <= 0 ||
@@ -323,6 +341,12 @@ int Run(int argc, char** argv) {
   env.identity.components["kiln"] = kKilnVersion;
   // Artifacts of another format must never hit: the format is part of every key.
   env.identity.components["artifact_format"] = std::to_string(kArtifactFormatVersion);
+  env.identity.components["kilnd_build"] = BuildId();
+  if (env.identity.components["kilnd_build"].empty()) {
+    env.identity.components["kilnd_build"] = "unknown";
+    spdlog::warn("cannot read /proc/self/exe: cache keys do not change when kilnd is rebuilt (clear the "
+                 "cache dir after upgrading kilnd)");
+  }
   env.cache_dir = cache_dir;
   env.cache_max_bytes = cache_options.disk_max_bytes;
   env.max_entry_bytes = absl::GetFlag(FLAGS_max_send_message_bytes);
@@ -428,8 +452,8 @@ int Run(int argc, char** argv) {
   }
   std::string where = address->is_unix ? address->grpc_uri
                                        : absl::StrCat(address->host, ":", selected_port);
-  spdlog::info("kilnd {} serving on {} (cache dir {}, {} entries, {} request threads, {}, {}, pid {})",
-               kKilnVersion, where, cache_dir,
+  spdlog::info("kilnd {} (build {}) serving on {} (cache dir {}, {} entries, {} request threads, {}, {}, pid {})",
+               kKilnVersion, env.identity.components["kilnd_build"].substr(0, 12), where, cache_dir,
                env.cache->store(cache::Tier::kDisk)->Stats().entries, request_threads,
                env.identity.components["cxx"], nvrtc_state, getpid());
   // A machine-readable line for scripts and tests that start kilnd on port 0.

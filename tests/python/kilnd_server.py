@@ -69,7 +69,7 @@ def health_status(address: str, timeout: float = 2.0) -> int:
 class Kilnd:
     """A kilnd child process listening on a unix socket in a fresh temp dir."""
 
-    def __init__(self, *flags: str, cache_dir: str = None):
+    def __init__(self, *flags: str, cache_dir: str = None, binary: str = None):
         # Short paths: unix socket paths are limited to 108 bytes.
         self.dir = tempfile.mkdtemp(prefix="kiln-py-")
         self.cache_dir = cache_dir or os.path.join(self.dir, "cache")
@@ -77,7 +77,7 @@ class Kilnd:
         self.log_path = os.path.join(self.dir, "kilnd.log")
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen(
-            [kilnd_path(), f"--listen={self.address}", f"--cache_dir={self.cache_dir}", *flags],
+            [binary or kilnd_path(), f"--listen={self.address}", f"--cache_dir={self.cache_dir}", *flags],
             stdout=self._log, stderr=self._log)
         deadline = time.time() + 20
         while time.time() < deadline:

@@ -15,7 +15,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 import kiln
 from kiln import proto
 from kiln.rpc import KilnClient
-from kilnd_server import REPO, Kilnd
+from kilnd_server import REPO, Kilnd, kilnd_path
 
 CPU = proto.Target(device=proto.DEVICE_KIND_CPU, cpu_isa="x86-64-v2")
 
@@ -100,6 +100,36 @@ def test_restart_keeps_entries_and_corrupt_entries_are_recompiled(tmp_path):
             assert client.get_stats().corruptions >= 1
     finally:
         assert server.stop() == 0
+
+
+def test_a_rebuilt_kilnd_does_not_serve_entries_another_build_made(tmp_path):
+    """kilnd's code generates what it caches and kiln's version string does not change with every
+    build, so the SHA-256 of kilnd's executable is part of every key (compiler.kilnd_build). A
+    "rebuilt" kilnd (the same binary with one more byte) on the same cache dir compiles the
+    graph again under another key, explain-miss names the component, and the first build still
+    hits its own entry."""
+    cache_dir = str(tmp_path / "cache")
+    rebuilt = tmp_path / "kilnd"
+    rebuilt.write_bytes(pathlib.Path(kilnd_path()).read_bytes() + b"\0")
+    rebuilt.chmod(0o755)
+    versions = [subprocess.run([b, "--version"], capture_output=True, text=True, timeout=30).stdout.strip()
+                for b in (kilnd_path(), str(rebuilt))]
+    assert all(v.startswith("kilnd ") and "(build " in v for v in versions) and versions[0] != versions[1], versions
+    request = pointwise_request(rows=19)
+    replies = []
+    for binary in (None, str(rebuilt), None):
+        server = Kilnd(cache_dir=cache_dir, binary=binary)
+        try:
+            with KilnClient(server.address) as client:
+                replies.append(compile_or_skip(client, request))
+            if binary is not None:
+                diff = kilnctl(server, "explain-miss", replies[0].key, replies[1].key)
+        finally:
+            assert server.stop() == 0
+    first, other, again = replies
+    assert first.source == other.source == proto.CACHE_SOURCE_COMPILED and other.key != first.key
+    assert "compiler.kilnd_build" in diff, diff
+    assert again.source == proto.CACHE_SOURCE_DISK_HIT and again.key == first.key
 
 
 def test_kilnctl_commands_against_a_compiling_kilnd(tmp_path):
