@@ -248,8 +248,8 @@ absl::Status AdminService::VerifyImported(const std::string& key, const std::str
   if (!prepared.ok()) return prepared.status();
   if (prepared->key.hex != key) {
     return absl::InvalidArgumentError(
-        "its key does not match its graph on this server (a different toolchain or kiln version "
-        "compiled it, or the bundle was altered)");
+        "its key does not match its graph on this server (another kilnd build, toolchain or kiln "
+        "version compiled it, or the bundle was altered)");
   }
   return absl::OkStatus();
 }
