@@ -13,9 +13,7 @@
 #include <atomic>
 #include <algorithm>
 #include <chrono>
-#include <fstream>
 #include <iostream>
-#include <iterator>
 #include <map>
 #include <cstdint>
 #include <memory>
@@ -39,6 +37,7 @@
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "server/admin_service.h"
+#include "server/build_id.h"
 #include "server/cache_dir.h"
 #include "server/compiler_service.h"
 #include "server/listen_address.h"
@@ -176,22 +175,9 @@ std::string NvrtcWorkerPath(const std::string& flag) {
   return dir + "/kiln_nvrtc_worker";
 }
 
-// The SHA-256 of this kilnd's own executable (/proc/self/exe), or "" when it cannot be read. kilnd's
-// code generates the code it caches, and kiln's version string does not change with every build,
-// so the build is part of every key: a rebuilt kilnd never serves an entry another build made.
-std::string BuildId() {
-  static const std::string id = [] {
-    std::ifstream in("/proc/self/exe", std::ios::binary);
-    if (!in) return std::string();
-    std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    return in.bad() ? std::string() : cache::Sha256Hex(bytes);
-  }();
-  return id;
-}
-
 std::string VersionString() {
-  const std::string build = BuildId();
-  return absl::StrCat("kilnd ", kKilnVersion, " (build ", build.empty() ? "unknown" : build.substr(0, 12), ")\n");
+  const std::string build = ProgramBuildId();
+  return absl::StrCat("kilnd ", kKilnVersion, " (build ", build.empty() ? "unknown" : build, ")\n");
 }
 
 absl::Status CheckFlagValues() {
@@ -341,10 +327,11 @@ int Run(int argc, char** argv) {
   env.identity.components["kiln"] = kKilnVersion;
   // Artifacts of another format must never hit: the format is part of every key.
   env.identity.components["artifact_format"] = std::to_string(kArtifactFormatVersion);
-  env.identity.components["kilnd_build"] = BuildId();
+  // kilnd's code generates what it caches: a rebuilt kilnd must not hit another build's entries.
+  env.identity.components["kilnd_build"] = ProgramBuildId();
   if (env.identity.components["kilnd_build"].empty()) {
     env.identity.components["kilnd_build"] = "unknown";
-    spdlog::warn("cannot read /proc/self/exe: cache keys do not change when kilnd is rebuilt (clear the "
+    spdlog::warn("this kilnd has no GNU build-id and cannot read /proc/self/exe: cache keys do not change when kilnd is rebuilt (clear the "
                  "cache dir after upgrading kilnd)");
   }
   env.cache_dir = cache_dir;
@@ -453,7 +440,7 @@ int Run(int argc, char** argv) {
   std::string where = address->is_unix ? address->grpc_uri
                                        : absl::StrCat(address->host, ":", selected_port);
   spdlog::info("kilnd {} (build {}) serving on {} (cache dir {}, {} entries, {} request threads, {}, {}, pid {})",
-               kKilnVersion, env.identity.components["kilnd_build"].substr(0, 12), where, cache_dir,
+               kKilnVersion, env.identity.components["kilnd_build"], where, cache_dir,
                env.cache->store(cache::Tier::kDisk)->Stats().entries, request_threads,
                env.identity.components["cxx"], nvrtc_state, getpid());
   // A machine-readable line for scripts and tests that start kilnd on port 0.
