@@ -15,8 +15,9 @@ modules at first use: a layer norm backward that kilnd had left to torch took 9 
 call in a training block's first backward).
 
 What runs: each distinct WARM_OPS step of the plan (same op, shapes, strides, dtypes and
-constant arguments once) and each distinct library GEMM (same params), with inputs from torch.empty_strided (never read back) on the device
-and stream that were current when the graph loaded, under no_grad. Steps with symbolic sizes, or
+constant arguments once) and each distinct library GEMM (same params), with inputs from
+torch.empty_strided (never read back) on the device and stream that were current when the graph
+loaded, under no_grad. Steps with symbolic sizes, or
 needing more than MAX_SCRATCH_BYTES of inputs, are skipped, and so are convolutions under
 torch.backends.cudnn.benchmark (its timing runs would compete with the main thread's). Nothing
 here can fail a load: a call that raises is counted as an error, logged (logger "kiln", debug
@@ -132,9 +133,9 @@ def _gemm_call(executor, spec, device):
         params[16] |= 1
     batch, m, n, k = p[:4]
 
-    def flat(rows, cols, row_stride, col_stride, batch_stride, dt=dtype):
+    def flat(rows, cols, row_stride, col_stride, batch_stride):  # a 1-D buffer spanning the matrix
         return ("t", ((batch - 1) * batch_stride + (rows - 1) * row_stride + (cols - 1) * col_stride + 1,), (1,),
-                dt, False)
+                dtype, False)
 
     none = ("c", None)
     specs = (flat(m, n, p[12], 1, p[11]), flat(m, k, p[6], p[7], p[5]), flat(k, n, p[9], p[10], p[8]),
