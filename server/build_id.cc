@@ -6,12 +6,12 @@
 #include <cstring>
 #include <fstream>
 
+#include "absl/strings/escaping.h"
+#include "absl/strings/string_view.h"
 #include "server/cache/encoding.h"
 
 namespace kiln {
 namespace {
-
-constexpr char kHex[] = "0123456789abcdef";
 
 // dl_iterate_phdr visits the executable first; its PT_NOTE segments hold the GNU build-id.
 int FindGnuBuildId(dl_phdr_info* info, size_t, void* data) {
@@ -30,13 +30,7 @@ int FindGnuBuildId(dl_phdr_info* info, size_t, void* data) {
       if (next > end || next <= p) break;
       if (note.n_type == NT_GNU_BUILD_ID && note.n_namesz == 4 && std::memcmp(name, "GNU", 4) == 0 &&
           note.n_descsz > 0) {
-        std::string hex;
-        for (uint32_t j = 0; j < note.n_descsz; ++j) {
-          const auto byte = static_cast<unsigned char>(desc[j]);
-          hex += kHex[byte >> 4];
-          hex += kHex[byte & 15];
-        }
-        *out = "gnu:" + hex;
+        *out = "gnu:" + absl::BytesToHexString(absl::string_view(desc, note.n_descsz));
         return 1;
       }
       p = next;

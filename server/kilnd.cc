@@ -331,8 +331,8 @@ int Run(int argc, char** argv) {
   env.identity.components["kilnd_build"] = ProgramBuildId();
   if (env.identity.components["kilnd_build"].empty()) {
     env.identity.components["kilnd_build"] = "unknown";
-    spdlog::warn("this kilnd has no GNU build-id and cannot read /proc/self/exe: cache keys do not change when kilnd is rebuilt (clear the "
-                 "cache dir after upgrading kilnd)");
+    spdlog::warn("this kilnd has no GNU build-id and cannot read /proc/self/exe: cache keys do not "
+                 "change when kilnd is rebuilt (clear the cache dir after upgrading kilnd)");
   }
   env.cache_dir = cache_dir;
   env.cache_max_bytes = cache_options.disk_max_bytes;

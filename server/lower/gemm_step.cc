@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "server/base/status_macros.h"
 
 namespace kiln::lower {
 namespace {
@@ -77,6 +78,26 @@ bool GemmDType(v1::DType d) {
   return d == v1::DTYPE_FLOAT32 || d == v1::DTYPE_FLOAT16 || d == v1::DTYPE_BFLOAT16;
 }
 
+// A GemmCall with D = the step's one output and A, B, C = the values of node arguments a_arg,
+// b_arg and c_arg (c_arg < 0: no C), or NOT_FOUND when one of them is not a tensor value.
+absl::StatusOr<GemmCall> BindOperands(const OpGraph& g, const ExternStep& step, const graph::Node& node,
+                                      size_t a_arg, size_t b_arg, int c_arg) {
+  auto value_of = [&](size_t i) -> int32_t {
+    if (i >= node.args.size() || node.args[i].kind != Arg::Kind::kValue) return -1;
+    const int32_t n = node.args[i].value;
+    return n >= 0 && n < static_cast<int32_t>(g.node_value.size()) ? g.node_value[n] : -1;
+  };
+  GemmCall call;
+  call.a = value_of(a_arg);
+  call.b = value_of(b_arg);
+  call.c = c_arg >= 0 ? value_of(static_cast<size_t>(c_arg)) : -1;
+  call.d = step.outputs.size() == 1 ? step.outputs[0] : -1;
+  if (call.a < 0 || call.b < 0 || call.d < 0 || (c_arg >= 0 && call.c < 0)) {
+    return NotFound(node.name, "an operand is not a tensor value");
+  }
+  return call;
+}
+
 // Whether every item of list argument `index` is the int `want` (an absent argument: false).
 bool AllInts(const graph::Node& node, size_t index, int64_t want) {
   if (index >= node.args.size() || node.args[index].kind != Arg::Kind::kList) return false;
@@ -109,26 +130,14 @@ bool CollapsedRowStride(const LValue& v, int64_t* out) {
 // convolution: torch gives cuDNN TF32 under its own flag (torch.backends.cudnn.allow_tf32), which
 // the GEMM step's flag (matmul precision) does not follow.
 absl::StatusOr<GemmCall> MatchConv1x1(const OpGraph& g, const ExternStep& step, const graph::Node& node) {
-  auto value_of = [&](size_t i) -> int32_t {
-    if (i >= node.args.size() || node.args[i].kind != Arg::Kind::kValue) return -1;
-    const int32_t n = node.args[i].value;
-    return n >= 0 && n < static_cast<int32_t>(g.node_value.size()) ? g.node_value[n] : -1;
-  };
   if (node.args.size() != 9) return NotFound(node.name, "a convolution with other than 9 arguments");
   if (!AllInts(node, 3, 1) || !AllInts(node, 4, 0) || !AllInts(node, 5, 1) ||
       node.args[6].kind != Arg::Kind::kBool || node.args[6].b || node.args[8].kind != Arg::Kind::kInt ||
       node.args[8].i != 1) {
     return NotFound(node.name, "not a 1x1 convolution (stride 1, no padding, dilation 1, one group, not transposed)");
   }
-  GemmCall call;
-  call.a = value_of(0);
-  call.b = value_of(1);
   const bool with_bias = node.args[2].kind != Arg::Kind::kNone;
-  call.c = with_bias ? value_of(2) : -1;
-  call.d = step.outputs.size() == 1 ? step.outputs[0] : -1;
-  if (call.a < 0 || call.b < 0 || call.d < 0 || (with_bias && call.c < 0)) {
-    return NotFound(node.name, "an operand is not a tensor value");
-  }
+  KILN_ASSIGN_OR_RETURN(GemmCall call, BindOperands(g, step, node, 0, 1, with_bias ? 2 : -1));
   const LValue& x = g.values[call.a];
   const LValue& w = g.values[call.b];
   const LValue& d = g.values[call.d];
@@ -198,19 +207,7 @@ absl::StatusOr<GemmCall> MatchGemm(const OpGraph& g, const ExternStep& step) {
   if (!batched && !with_c && t != "aten.mm.default") return NotFound(node.name, "not a GEMM");
   if (step.fallback) return NotFound(node.name, "a fallback step");
   const size_t first = with_c ? 1 : 0;
-  auto value_of = [&](size_t i) -> int32_t {
-    if (i >= node.args.size() || node.args[i].kind != Arg::Kind::kValue) return -1;
-    const int32_t n = node.args[i].value;
-    return n >= 0 && n < static_cast<int32_t>(g.node_value.size()) ? g.node_value[n] : -1;
-  };
-  GemmCall call;
-  call.a = value_of(first);
-  call.b = value_of(first + 1);
-  call.c = with_c ? value_of(0) : -1;
-  call.d = step.outputs.size() == 1 ? step.outputs[0] : -1;
-  if (call.a < 0 || call.b < 0 || call.d < 0 || (with_c && call.c < 0)) {
-    return NotFound(node.name, "an operand is not a tensor value");
-  }
+  KILN_ASSIGN_OR_RETURN(GemmCall call, BindOperands(g, step, node, first, first + 1, with_c ? 0 : -1));
   const LValue& a = g.values[call.a];
   const LValue& b = g.values[call.b];
   const LValue& d = g.values[call.d];

@@ -1,6 +1,7 @@
 // Position-dependent ops -> element functions: cat, stack, arange, constant_pad_nd,
-// select_backward, slice_backward, tril, triu, nll_loss_backward (see lower.h). Operands that may be addressed out of
-// range (cat, pads, slice_backward) are read masked and listed in LValue::masked_inputs.
+// select_backward, slice_backward, tril, triu, nll_loss_backward (see lower.h). Operands that may
+// be addressed out of range (cat, pads, slice_backward) are read masked and listed in
+// LValue::masked_inputs.
 
 #include <algorithm>
 #include <string>
