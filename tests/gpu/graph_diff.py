@@ -64,6 +64,9 @@ def main():
     ap.add_argument("--batch", type=int, default=None)
     ap.add_argument("--top", type=int, default=20, help="rows of the table")
     ap.add_argument("--kilnd", default=None)
+    ap.add_argument("--inference-first", action="store_true",
+                    help="before a training run, run another instance of the model twice in inference "
+                         "through kiln in the same process (unchecked), as models_check.py's child does")
     args = ap.parse_args()
 
     import torch
@@ -76,7 +79,11 @@ def main():
     original = kb.CompiledGraph.__call__
     calls = {}
 
+    checking = [True]
+
     def checked(self, args_list):
+        if not checking[0]:
+            return original(self, args_list)
         inputs = [a.clone() if isinstance(a, torch.Tensor) else a for a in args_list]
         out = original(self, args_list)
         label = self.kind_name + (f" [{self.session.fn.compile_id}]" if self.session.fn.compile_id else "")
@@ -103,6 +110,16 @@ def main():
     with tempfile.TemporaryDirectory(prefix="kiln-graph-diff-") as tmp:
         kilnd = gm.Kilnd(gm.find_kilnd(args.kilnd), tmp)
         try:
+            if args.inference_first and args.mode == "training":
+                checking[0] = False
+                first = gm.make_case(args.model, args.quick, args.device, batch=args.batch)
+                first.model.eval().requires_grad_(False)
+                compiled = gm.compile_kiln(first.model, kilnd.address)
+                with torch.no_grad():
+                    for _ in range(2):
+                        compiled(*first.inputs)
+                gm.sync(args.device)
+                checking[0] = True
             case = gm.make_case(args.model, args.quick, args.device, batch=args.batch)
             if args.mode == "training":
                 module = gm.with_loss(case.model, case.loss_fn).train()

@@ -406,6 +406,62 @@ def set_numerics(args):
     if args.cudnn_deterministic:
         torch.backends.cudnn.deterministic = True
         torch.backends.cudnn.benchmark = False
+    if args.fill_uninitialized:
+        # torch.empty's results (kiln's outputs and workspaces among them) filled with NaN (floats)
+        # or the largest value (integers); deterministic algorithms are what turns the fill on,
+        # warn_only keeps the ops without a deterministic version running.
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        torch.utils.deterministic.fill_uninitialized_memory = True
+
+
+def install_saved_check():
+    """--check-saved: every kiln forward call's outputs are cloned; at each backward call, the
+    inputs that are those outputs (same data pointer and shape: the saved tensors) are compared
+    bitwise with the clones, and the backward's outputs with its FX module run by torch on the same
+    inputs. One line per backward call."""
+    import torch
+    from kiln import backend as kb
+
+    original = kb.CompiledGraph.__call__
+    saved = {}
+
+    def checked(self, args_list):
+        tensors = [a for a in args_list if isinstance(a, torch.Tensor)]
+        if self.kind_name == "forward":
+            out = original(self, args_list)
+            saved.clear()
+            for o in (out if isinstance(out, (list, tuple)) else [out]):
+                if isinstance(o, torch.Tensor) and o.numel():
+                    saved[(o.data_ptr(), tuple(o.shape))] = o.detach().clone()
+            return out
+        if self.kind_name != "backward":
+            return original(self, args_list)
+        changed, checked_n, worst = [], 0, 0.0
+        for i, a in enumerate(tensors):
+            ref = saved.get((a.data_ptr(), tuple(a.shape))) if a.numel() else None
+            if ref is None:
+                continue
+            checked_n += 1
+            if not torch.equal(a, ref):
+                d = (a.double() - ref.double()).abs().max().item()
+                changed.append(f"input {i} {list(a.shape)} max |diff| {d:.3g}")
+        inputs = [a.clone() if isinstance(a, torch.Tensor) else a for a in args_list]
+        out = original(self, args_list)
+        with torch.no_grad():
+            fx = self.gm(*inputs)
+        outs = out if isinstance(out, (list, tuple)) else [out]
+        fxs = fx if isinstance(fx, (list, tuple)) else [fx]
+        for k, e in zip(outs, fxs):
+            if isinstance(k, torch.Tensor) and isinstance(e, torch.Tensor) and k.is_floating_point() and k.numel():
+                n = e.double().norm().item()
+                if n > 0:
+                    worst = max(worst, (k.double() - e.double()).norm().item() / n)
+        log(f"    check-saved: {self.kind_name} call: {len(changed)} of {checked_n} saved inputs changed since "
+            f"the forward{': ' + '; '.join(changed[:5]) if changed else ''}; outputs vs its FX module on the "
+            f"same inputs: worst rel L2 {worst:.3g}")
+        return out
+
+    kb.CompiledGraph.__call__ = checked
 
 
 def child_main(args):
@@ -419,6 +475,8 @@ def child_main(args):
         log("CUDA is not available in this process")
         sys.exit(2)
     set_numerics(args)
+    if args.check_saved:
+        install_saved_check()
     cases = json.loads(args.cases)
     with open(args.results, "a") as out:
         for name, dtype, mode in cases:
@@ -458,6 +516,10 @@ def run_children(args, model, cases, address, tmp):
             cmd.append("--no-fp64-ref")
         if args.cudnn_deterministic:
             cmd.append("--cudnn-deterministic")
+        if args.fill_uninitialized:
+            cmd.append("--fill-uninitialized")
+        if args.check_saved:
+            cmd.append("--check-saved")
         with open(err_path, "w") as err:
             proc = subprocess.Popen(cmd, stdout=None, stderr=err, start_new_session=True)
             current, began = None, time.time()
@@ -612,6 +674,14 @@ def main():
     ap.add_argument("--kiln-timeout", type=float, default=300.0, help="kiln's per-Compile timeout (s)")
     ap.add_argument("--case-timeout", type=float, default=300.0, help="kill a case's process after this many s")
     ap.add_argument("--no-fp64-ref", action="store_true", help="no float64 second opinion on a mismatch")
+    ap.add_argument("--fill-uninitialized", action="store_true",
+                    help="fill every torch.empty result with NaN (integers: their largest value) in every "
+                         "run (torch.use_deterministic_algorithms(True, warn_only=True)): a kernel that "
+                         "reads memory nothing wrote gives NaN instead of a stale value")
+    ap.add_argument("--check-saved", action="store_true",
+                    help="diagnostics: at each kiln backward call, whether the tensors the forward saved "
+                         "changed since the forward returned them, and the backward's outputs against its "
+                         "FX module run by torch on the same inputs (one line per call)")
     ap.add_argument("--cudnn-deterministic", action="store_true",
                     help="torch.backends.cudnn.deterministic for every run (eager, kiln, fp64): "
                          "convolutions with deterministic algorithms only")

@@ -43,11 +43,14 @@ class _WorkspaceMixin:
         if self._ws_alloc is None:
             ws_bytes, WS, WSPTR = self.ex.plan.workspace_bytes, self.WS, self.WSPTR
             ws_device = self._ws_device = self._device_of(root)
+            poison = self.ex.poison
 
             def workspace(env):
                 ws = env[WS]
                 if ws is None:
                     ws = env[WS] = torch.empty(ws_bytes, dtype=torch.uint8, device=ws_device)
+                    if poison:
+                        ws.fill_(255)  # all bits set: NaN as f16, bf16, f32 and f64
                     env[WSPTR] = ws.data_ptr()
                 return ws
 

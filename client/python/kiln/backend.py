@@ -660,7 +660,7 @@ class CompiledGraph:
             return load_runtime(cache_dir)
 
         executor = PlanExecutor(artifact, request.graph, constants, runtime_loader=runtime_loader,
-                                device=graph_device(request.graph))
+                                device=graph_device(request.graph), poison=self.opts.poison_buffers)
         if self.opts.cuda_graphs and executor.cuda:
             from kiln.cuda_graphs import CudaGraphRunner
 

@@ -102,12 +102,16 @@ _GEMM_DTYPES = (proto.DTYPE_FLOAT32, proto.DTYPE_FLOAT16, proto.DTYPE_BFLOAT16)
 class PlanExecutor:
     """Loads a plan once (validates it, resolves targets, loads binaries) and runs it per call."""
 
-    def __init__(self, artifact, graph, constants=None, runtime_loader=None, device=None):
+    def __init__(self, artifact, graph, constants=None, runtime_loader=None, device=None, poison=False):
         """artifact: kiln.proto.Artifact. graph: the request's kiln.proto.Graph (symbols, constants,
         output metadata). constants: {constant name: tensor} held by the client (default: rebuilt
         from Graph.constants). runtime_loader: a callable returning a kiln.runtime.Runtime; called
         only when the plan has kernel steps. device: the torch.device the graph's inputs are on;
-        for a CUDA artifact its binaries are loaded there now (else at the first call)."""
+        for a CUDA artifact its binaries are loaded there now (else at the first call). poison: fill
+        every OUTPUT value and the workspace with NaN (integers: their largest value; the
+        workspace's bytes with 0xFF, a NaN in every float width) when allocated (option
+        poison_buffers): a step that reads bytes no step wrote then gives NaN, not a stale value."""
+        self.poison = poison
         self.artifact = artifact
         self.cuda = artifact.target.device == proto.DEVICE_KIND_CUDA
         self.plan = plan = artifact.plan
@@ -436,6 +440,25 @@ def _kind_name(kind):
         return f"binary kind {kind}"
 
 
+def _poison_value(dtype):
+    """What option poison_buffers fills a fresh buffer of `dtype` with: NaN for floats (and complex),
+    True for bool, the largest value for integers (as torch's fill_uninitialized_memory does)."""
+    if dtype == torch.bool:
+        return True
+    if dtype.is_floating_point or dtype.is_complex:
+        return float("nan")
+    return torch.iinfo(dtype).max
+
+
+def _poisoned(alloc):
+    """alloc (-> a fresh tensor) wrapped so that its result is filled with _poison_value first."""
+    def poisoned():
+        t = alloc()
+        return t.fill_(_poison_value(t.dtype))
+
+    return poisoned
+
+
 def _device_guard(index):
     """Makes `index` torch's current CUDA device (and its primary context current) for a block."""
     return torch.cuda.device(index)
@@ -592,6 +615,8 @@ class _Program(_WorkspaceMixin, _AtenMixin, _KernelMixin):
         if kind == _PV.STORAGE_OUTPUT:
             alloc = functools.partial(torch.empty_strided, meta[0], meta[1], dtype=dtype,
                                       device=self._device_of(i))
+            if ex.poison:
+                alloc = _poisoned(alloc)
 
             def instruction(env):
                 env[i] = alloc()

@@ -21,6 +21,7 @@
 | prefetch_backward         | KILN_PREFETCH_BACKWARD         | True (a training graph's backward is sent to Compile when the partitioner makes it, not at the first backward) |
 | aot_cache                 | KILN_AOT_CACHE                 | True (AOTAutograd's cache keeps kiln's graphs, so a new process skips AOTAutograd: kiln.aot_cache; does nothing on a torch without the pieces) |
 | prewarm                   | KILN_PREWARM                   | True (kiln.compile: a loaded CUDA plan's convolutions run once on scratch tensors in a background thread while the package's guards build, kiln.prewarm) |
+| poison_buffers            | KILN_POISON_BUFFERS            | False (debugging: every output and workspace a plan allocates is filled with NaN, integers with their largest value, before its steps run) |
 
 Booleans accept 1/0, true/false, yes/no, on/off. Unknown option names are an error (a typo must not
 silently change nothing). This module does not import torch.
@@ -97,6 +98,7 @@ class Options:
     prefetch_backward: bool = True
     aot_cache: bool = True
     prewarm: bool = True
+    poison_buffers: bool = False
 
     @property
     def embedded(self):
@@ -125,6 +127,7 @@ _ENV = {
     "prefetch_backward": "KILN_PREFETCH_BACKWARD",
     "aot_cache": "KILN_AOT_CACHE",
     "prewarm": "KILN_PREWARM",
+    "poison_buffers": "KILN_POISON_BUFFERS",
 }
 ENV_VARS = dict(_ENV)
 
