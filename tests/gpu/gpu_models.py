@@ -252,7 +252,9 @@ def _plan_of(spec):
 def _compiled_graphs():
     from kiln.backend import CompiledGraph
 
-    return [o for o in gc.get_objects() if type(o) is CompiledGraph]  # type(): weak proxies must not raise
+    # issubclass(type(o)): weak proxies must not raise; kiln.aot_cache's LoadedGraph (graphs from
+    # AOTAutograd's cache) is a subclass.
+    return [o for o in gc.get_objects() if issubclass(type(o), CompiledGraph)]
 
 
 def compiled_graph_ids():
