@@ -79,11 +79,7 @@ def main():
     original = kb.CompiledGraph.__call__
     calls = {}
 
-    checking = [True]
-
     def checked(self, args_list):
-        if not checking[0]:
-            return original(self, args_list)
         inputs = [a.clone() if isinstance(a, torch.Tensor) else a for a in args_list]
         out = original(self, args_list)
         label = self.kind_name + (f" [{self.session.fn.compile_id}]" if self.session.fn.compile_id else "")
@@ -106,12 +102,10 @@ def main():
             records.append((label, n, i, tuple(k.shape), ek, ee, zero))
         return out
 
-    kb.CompiledGraph.__call__ = checked
     with tempfile.TemporaryDirectory(prefix="kiln-graph-diff-") as tmp:
         kilnd = gm.Kilnd(gm.find_kilnd(args.kilnd), tmp)
         try:
-            if args.inference_first and args.mode == "training":
-                checking[0] = False
+            if args.inference_first and args.mode == "training":  # before the check is installed
                 first = gm.make_case(args.model, args.quick, args.device, batch=args.batch)
                 first.model.eval().requires_grad_(False)
                 compiled = gm.compile_kiln(first.model, kilnd.address)
@@ -119,7 +113,7 @@ def main():
                     for _ in range(2):
                         compiled(*first.inputs)
                 gm.sync(args.device)
-                checking[0] = True
+            kb.CompiledGraph.__call__ = checked
             case = gm.make_case(args.model, args.quick, args.device, batch=args.batch)
             if args.mode == "training":
                 module = gm.with_loss(case.model, case.loss_fn).train()

@@ -426,7 +426,6 @@ def install_saved_check():
     saved = {}
 
     def checked(self, args_list):
-        tensors = [a for a in args_list if isinstance(a, torch.Tensor)]
         if self.kind_name == "forward":
             out = original(self, args_list)
             saved.clear()
@@ -437,14 +436,13 @@ def install_saved_check():
         if self.kind_name != "backward":
             return original(self, args_list)
         changed, checked_n, worst = [], 0, 0.0
-        for i, a in enumerate(tensors):
+        for i, a in enumerate(a for a in args_list if isinstance(a, torch.Tensor)):
             ref = saved.get((a.data_ptr(), tuple(a.shape))) if a.numel() else None
             if ref is None:
                 continue
             checked_n += 1
             if not torch.equal(a, ref):
-                d = (a.double() - ref.double()).abs().max().item()
-                changed.append(f"input {i} {list(a.shape)} max |diff| {d:.3g}")
+                changed.append(f"input {i} {list(a.shape)} max |diff| {rel_err(a, ref)[1]:.3g}")
         inputs = [a.clone() if isinstance(a, torch.Tensor) else a for a in args_list]
         out = original(self, args_list)
         with torch.no_grad():
@@ -453,9 +451,7 @@ def install_saved_check():
         fxs = fx if isinstance(fx, (list, tuple)) else [fx]
         for k, e in zip(outs, fxs):
             if isinstance(k, torch.Tensor) and isinstance(e, torch.Tensor) and k.is_floating_point() and k.numel():
-                n = e.double().norm().item()
-                if n > 0:
-                    worst = max(worst, (k.double() - e.double()).norm().item() / n)
+                worst = max(worst, rel_err(k, e)[0])
         log(f"    check-saved: {self.kind_name} call: {len(changed)} of {checked_n} saved inputs changed since "
             f"the forward{': ' + '; '.join(changed[:5]) if changed else ''}; outputs vs its FX module on the "
             f"same inputs: worst rel L2 {worst:.3g}")

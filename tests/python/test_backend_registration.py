@@ -120,37 +120,39 @@ def test_debug_folders_and_logs(server, monkeypatch, tmp_path, caplog):
 
 
 def _with_intermediates(x, w):
-    a = torch.relu(x @ w)  # intermediates: workspace values between the GEMM and the kernels
-    return a.sum(1), torch.softmax(a * 2.0, -1), (a > 0).sum()
+    a = torch.relu(x @ w)
+    b = torch.softmax(a * 2.0, -1)  # an intermediate in the workspace: a kernel writes it, mm reads it
+    return (b @ w.t()).sum(1), (a > 0).sum()
 
 
 @pytest.mark.parametrize("poison", [False, True])
 def test_poison_buffers_fills_what_plans_allocate_and_results_stay_right(server, monkeypatch, poison):
-    import kiln.executor as ex
+    import kiln._exec_common as common
 
     fills = []
-    original = ex._poison_value
-    monkeypatch.setattr(ex, "_poison_value", lambda dtype: fills.append(dtype) or original(dtype))
+    original = common._poison_value
+    monkeypatch.setattr(common, "_poison_value", lambda dtype: fills.append(dtype) or original(dtype))
     x, w = torch.randn(8, 16), torch.randn(16, 32)
     got = torch.compile(_with_intermediates, backend="kiln",
                         options={"server": server.address, "fallback": "error", "poison_buffers": poison})(x, w)
     for g, e in zip(got, _with_intermediates(x, w)):
         torch.testing.assert_close(g, e)
     assert kiln.stats()["graph_fallbacks"] == 0 and kiln.stats()["plan_calls"] >= 1
-    if poison:  # every OUTPUT value was filled before the plan wrote it: the float ones and the count
-        assert torch.float32 in fills and torch.int64 in fills
+    if poison:  # every OUTPUT value was filled before the plan wrote it (the float ones and the
+        # count), and the workspace (uint8 bytes)
+        assert torch.float32 in fills and torch.int64 in fills and torch.uint8 in fills
     else:
         assert fills == []
 
 
 def test_poison_values_follow_the_dtype():
-    from kiln.executor import _poisoned
+    from kiln._exec_common import _poisoned
 
     assert torch.isnan(_poisoned(lambda: torch.empty(3))()).all()
     assert torch.isnan(_poisoned(lambda: torch.empty(3, dtype=torch.bfloat16))()).all()
     assert (_poisoned(lambda: torch.empty(2, dtype=torch.int32))() == 2**31 - 1).all()
     assert _poisoned(lambda: torch.empty(2, dtype=torch.bool))().all()
     # The workspace is bytes of 0xFF: a NaN whichever float type views them.
-    ws = torch.full((8,), 255, dtype=torch.uint8)
+    ws = _poisoned(lambda: torch.empty(8, dtype=torch.uint8))()
     assert torch.isnan(ws.view(torch.float32)).all() and torch.isnan(ws.view(torch.float16)).all()
     assert torch.isnan(ws.view(torch.bfloat16)).all() and torch.isnan(ws.view(torch.float64)).all()

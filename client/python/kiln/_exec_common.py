@@ -46,6 +46,26 @@ def _span(sizes, strides):
     return sum((s - 1) * st for s, st in zip(sizes, strides)) + 1 if all(sizes) else 0
 
 
+def _poison_value(dtype):
+    """What option poison_buffers fills a fresh buffer of `dtype` with: NaN for floats (and complex),
+    True for bool, the largest value for integers (as torch's fill_uninitialized_memory does; the
+    workspace's uint8 bytes thus become 0xFF, a NaN in every float width)."""
+    if dtype == torch.bool:
+        return True
+    if dtype.is_floating_point or dtype.is_complex:
+        return float("nan")
+    return torch.iinfo(dtype).max
+
+
+def _poisoned(alloc):
+    """alloc (-> a fresh tensor) wrapped so that its result is filled with _poison_value first."""
+    def poisoned():
+        t = alloc()
+        return t.fill_(_poison_value(t.dtype))
+
+    return poisoned
+
+
 def _getter(indices):
     """env -> the tuple (env[i] for i in indices)."""
     if len(indices) == 1:

@@ -4,12 +4,13 @@ GEMMs read by pointer only (_tensor_reads, _pointer, _view_pointer, _view_tensor
 fill of a launch table's data pointers (_buffer_fill, _pointer_filler). _is_cuda_device, which
 _pointer reads when the program is built, is this module's (tests patch it here)."""
 
+import functools
 import itertools
 import operator
 
 import torch
 
-from kiln._exec_common import _PV, _data_ptr, _getter, _itemsize, _plan_error, _raiser, _span
+from kiln._exec_common import _PV, _data_ptr, _getter, _itemsize, _plan_error, _poisoned, _raiser, _span
 
 # The storages a view's pointer may be computed from (_Program._view_pointer).
 _VIEW_POINTER_ROOTS = (_PV.STORAGE_INPUT, _PV.STORAGE_OUTPUT, _PV.STORAGE_CONSTANT, _PV.STORAGE_STEP)
@@ -43,14 +44,14 @@ class _WorkspaceMixin:
         if self._ws_alloc is None:
             ws_bytes, WS, WSPTR = self.ex.plan.workspace_bytes, self.WS, self.WSPTR
             ws_device = self._ws_device = self._device_of(root)
-            poison = self.ex.poison
+            alloc = functools.partial(torch.empty, ws_bytes, dtype=torch.uint8, device=ws_device)
+            if self.ex.poison:
+                alloc = _poisoned(alloc)
 
             def workspace(env):
                 ws = env[WS]
                 if ws is None:
-                    ws = env[WS] = torch.empty(ws_bytes, dtype=torch.uint8, device=ws_device)
-                    if poison:
-                        ws.fill_(255)  # all bits set: NaN as f16, bf16, f32 and f64
+                    ws = env[WS] = alloc()
                     env[WSPTR] = ws.data_ptr()
                 return ws
 

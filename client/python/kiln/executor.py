@@ -80,7 +80,7 @@ import torch
 
 from kiln import proto
 from kiln._exec_aten import _AtenMixin
-from kiln._exec_common import (_PV, PlanError, _Tensor, _again, _getter, _itemsize, _plan_error,
+from kiln._exec_common import (_PV, PlanError, _Tensor, _again, _getter, _itemsize, _plan_error, _poisoned,
                                _raiser, _warn_once)
 from kiln._exec_kernels import _KernelMixin
 from kiln._exec_workspace import _WorkspaceMixin
@@ -438,25 +438,6 @@ def _kind_name(kind):
         return proto.Binary.Kind.Name(kind)
     except ValueError:
         return f"binary kind {kind}"
-
-
-def _poison_value(dtype):
-    """What option poison_buffers fills a fresh buffer of `dtype` with: NaN for floats (and complex),
-    True for bool, the largest value for integers (as torch's fill_uninitialized_memory does)."""
-    if dtype == torch.bool:
-        return True
-    if dtype.is_floating_point or dtype.is_complex:
-        return float("nan")
-    return torch.iinfo(dtype).max
-
-
-def _poisoned(alloc):
-    """alloc (-> a fresh tensor) wrapped so that its result is filled with _poison_value first."""
-    def poisoned():
-        t = alloc()
-        return t.fill_(_poison_value(t.dtype))
-
-    return poisoned
 
 
 def _device_guard(index):
