@@ -24,6 +24,15 @@ def _current_stream(device):
     return torch.cuda.current_stream(index).cuda_stream
 
 
+def gemm_run_params(p):
+    """A library GEMM's params (gemm_step.h's encoding) as the runtime runs them: the plan's, with
+    the TF32 bit (kGemmFlags bit 0) set for f32 when torch's matmul precision allows TF32."""
+    params = list(p)
+    if p[4] == proto.DTYPE_FLOAT32 and torch.get_float32_matmul_precision() != "highest":
+        params[16] |= 1
+    return params
+
+
 def _torch_gemm(views, batch, c_kind, alpha, beta):
     """env -> None: the GEMM of a library step computed by torch into D (views: from _gemm_views)."""
     (d, d_sizes, d_strides), (a, a_sizes, a_strides), (b, b_sizes, b_strides) = views[:3]
@@ -240,9 +249,7 @@ class _KernelMixin:
                 self._need(ws)
             operands.append(ws)
             pointers.append(off)
-        params = list(p)
-        if p[4] == proto.DTYPE_FLOAT32 and torch.get_float32_matmul_precision() != "highest":
-            params[16] |= 1  # TF32, as torch would use it
+        params = gemm_run_params(p)
         index = device.index if device.index is not None else torch.cuda.current_device()
         b, TABLES, STREAM = len(self.table_builders), self.TABLES, self.STREAM
         self.table_builders.append(lambda: runtime.gemm_call(index, params, alpha, beta))

@@ -117,19 +117,16 @@ def calls(executor, device):
 def _gemm_call(executor, spec, device):
     """A calls() entry for one cuBLASLt library step (kiln.executor's spec: where, args, params,
     alpha, beta): scratch D, A, B (and C, workspace) big enough for the params' strides, and the
-    GEMM run through kiln's runtime as the plan will run it (TF32 bit as kiln._exec_kernels sets
-    it)."""
+    GEMM run through kiln's runtime as the plan will run it (its params: gemm_run_params)."""
     import functools
 
     import torch
 
-    from kiln import proto
+    from kiln._exec_kernels import gemm_run_params
 
     _, args, p, alpha, beta = spec
     dtype = executor._dtypes[args[0]]
-    params = list(p)
-    if p[4] == proto.DTYPE_FLOAT32 and torch.get_float32_matmul_precision() != "highest":
-        params[16] |= 1
+    params = gemm_run_params(p)
     batch, m, n, k = p[:4]
 
     def flat(rows, cols, row_stride, col_stride, batch_stride):  # a 1-D buffer spanning the matrix
