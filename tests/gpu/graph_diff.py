@@ -3,6 +3,7 @@
 
     python3 tests/gpu/graph_diff.py [--model resnet18] [--device cuda|cpu] [--mode training|inference]
                                     [--steps 1] [--quick] [--batch N] [--top 20] [--kilnd PATH]
+                                    [--defer] [--inference-first]
 
 models_check.py says whether a model matches; this says where it stops matching. The model (from
 tests/gpu/gpu_models.py, fp32, TF32 off) runs through torch.compile(backend="kiln"). Every call of a
@@ -64,6 +65,11 @@ def main():
     ap.add_argument("--batch", type=int, default=None)
     ap.add_argument("--top", type=int, default=20, help="rows of the table")
     ap.add_argument("--kilnd", default=None)
+    ap.add_argument("--defer", action="store_true",
+                    help="clone each call's inputs and outputs on the stream and check them all after the "
+                         "run (no synchronization between calls; the check itself otherwise waits for the "
+                         "GPU after every call), then run kiln's graph again on the cloned inputs: a "
+                         "replay that differs from the first run means the first run raced")
     ap.add_argument("--inference-first", action="store_true",
                     help="before a training run, run another instance of the model twice in inference "
                          "through kiln in the same process (unchecked), as models_check.py's child does")
@@ -79,11 +85,23 @@ def main():
     original = kb.CompiledGraph.__call__
     calls = {}
 
+    deferred = []  # (graph, label, call, cloned inputs, cloned outputs)
+    replays = []  # (label, call, output index, max abs difference between kiln's run and its replay)
+
     def checked(self, args_list):
         inputs = [a.clone() if isinstance(a, torch.Tensor) else a for a in args_list]
         out = original(self, args_list)
         label = self.kind_name + (f" [{self.session.fn.compile_id}]" if self.session.fn.compile_id else "")
         n = calls[label] = calls.get(label, 0) + 1
+        if args.defer:
+            outs = out if isinstance(out, (list, tuple)) else [out]
+            deferred.append((self, label, n, inputs,
+                             [o.detach().clone() if isinstance(o, torch.Tensor) else o for o in outs]))
+            return out
+        check(self, label, n, inputs, out)
+        return out
+
+    def check(self, label, n, inputs, out):
         with torch.no_grad():
             eager = self.gm(*[a.clone() if isinstance(a, torch.Tensor) else a for a in inputs])
             if not hasattr(self, "_f64"):
@@ -100,7 +118,6 @@ def main():
             ek, zero = rel_err(k, r)
             ee, _ = rel_err(e, r)
             records.append((label, n, i, tuple(k.shape), ek, ee, zero))
-        return out
 
     with tempfile.TemporaryDirectory(prefix="kiln-graph-diff-") as tmp:
         kilnd = gm.Kilnd(gm.find_kilnd(args.kilnd), tmp)
@@ -130,6 +147,15 @@ def main():
                     for _ in range(args.steps):
                         compiled(*case.inputs)
             gm.sync(args.device)
+            kb.CompiledGraph.__call__ = original
+            for graph, label, n, inputs, outs in deferred:
+                check(graph, label, n, inputs, outs)
+                with torch.no_grad():
+                    again = original(graph, [a.clone() if isinstance(a, torch.Tensor) else a for a in inputs])
+                again = again if isinstance(again, (list, tuple)) else [again]
+                for i, (o, r) in enumerate(zip(outs, again)):
+                    if isinstance(o, torch.Tensor) and o.is_floating_point():
+                        replays.append((label, n, i, (o.double() - r.double()).abs().max().item()))
         finally:
             kilnd.stop()
 
@@ -146,6 +172,12 @@ def main():
         name, n, i, shape, ek, ee, zero = rec
         print(f"| {name} | {n} | {i} | {'x'.join(map(str, shape)) or 'scalar'} | {ek:.2e}{' (abs)' if zero else ''} "
               f"| {ee:.2e} | {ratio(rec):.3g} |")
+    differing = [r for r in replays if r[3] != 0]
+    if args.defer:
+        print()
+        print(f"replays: {len(replays)} float outputs run again by kiln on the same inputs, {len(differing)} differ"
+              + "".join(f"\n  {label} call {n} output {i}: max abs difference {d:.3g}"
+                        for label, n, i, d in differing[:args.top]))
     worst = max(records, key=lambda r: r[4], default=None)
     if worst:
         print()
