@@ -274,3 +274,45 @@ def test_functions_single_tensors_and_kwargs(server):
         torch.testing.assert_close(compiled(x, scale=2.0), fn(x, scale=2.0))
     s = kiln.stats()
     assert s["keys"] == [records[0].key] and s["hits"] == 1 and s["compiles"] == 0, s
+
+
+def test_tensor_attributes_move_and_foreign_tensors_get_a_clear_error(server):
+    """A module's plain tensor attribute (not a registered buffer) goes to the meta device with the
+    parameters, so the capture works and its key is the one the real process asks for; a tensor
+    reached only through a closure (a loss's targets) cannot be moved, and precompile says so
+    instead of torch's "device mismatch" from inside Dynamo."""
+
+    class Scaled(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(16, 8)
+            self.scale = torch.full((8,), 0.5)  # not register_buffer'ed
+
+        def forward(self, x):
+            return self.fc(x) * self.scale
+
+    opts = {"server": server.address}
+    model, x = Scaled(), torch.randn(4, 16)
+    (record,) = kiln.precompile(model, (x,), target="cpu", options=opts)
+    assert record.ok and record.kernels >= 1, record
+    assert model.scale.device.type == "cpu" and model.fc.weight.device.type == "cpu"  # untouched
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="kiln", options=opts)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x))
+    s = kiln.stats()
+    assert s["keys"] == [record.key] and s["hits"] == 1 and s["compiles"] == 0, s
+
+    targets = torch.tensor([1, 0, 3, 2])
+
+    class WithLoss(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(16, 8)
+
+        def forward(self, x):
+            return torch.nn.functional.cross_entropy(self.fc(x), targets)
+
+    with pytest.raises(kiln.KilnError, match=r"real tensor beside the meta ones \(.*meta and cpu.*pass them as "
+                                             r"inputs, register them as buffers"):
+        kiln.precompile(WithLoss(), (x,), target="cpu", training=True, options=opts)

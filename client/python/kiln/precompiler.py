@@ -37,6 +37,7 @@ precompile in its own process (a CI job), or call ``torch._dynamo.reset()`` befo
 model itself here. kiln.stats() is not changed by precompile.
 """
 
+import contextlib
 import copy
 import dataclasses
 import itertools
@@ -173,7 +174,10 @@ def _meta_clone(obj):
     if not isinstance(obj, torch.nn.Module):
         return obj
     memo = {}
-    for t in itertools.chain(obj.parameters(), obj.buffers()):
+    # Parameters, buffers, and plain tensor attributes of the modules (self.mask = torch.ones(...)
+    # without register_buffer): every tensor the copy holds goes to the meta device.
+    attrs = (v for m in obj.modules() for v in vars(m).values() if isinstance(v, torch.Tensor))
+    for t in itertools.chain(obj.parameters(), obj.buffers(), attrs):
         if id(t) not in memo:
             memo[id(t)] = _meta_tensor(t)
     try:
@@ -217,7 +221,7 @@ def _capture(fn, args, kwargs, training):
                  "accumulated_cache_size_limit"):
         if hasattr(torch._dynamo.config, name):
             patches[name] = max(getattr(torch._dynamo.config, name), 1 << 16)
-    with torch._dynamo.config.patch(**patches):
+    with torch._dynamo.config.patch(**patches), _explain_foreign_tensors():
         compiled = torch.compile(fn, backend=backend, dynamic=False)
         if training:
             with torch.enable_grad():
@@ -234,6 +238,27 @@ def _capture(fn, args, kwargs, training):
             with torch.no_grad():
                 compiled(*args, **kwargs)
     return graphs
+
+
+@contextlib.contextmanager
+def _explain_foreign_tensors():
+    """Turns the capture's "device mismatch ... meta and X" (a tensor the model or function reaches
+    that precompile did not move to the meta device) into a KilnError that says what to do."""
+    try:
+        yield
+    except KilnError:
+        raise
+    except Exception as e:
+        text = str(e)
+        if "meta" not in text or "device" not in text.lower():
+            raise
+        first = next((line.strip() for line in text.splitlines() if "meta" in line), type(e).__name__)
+        raise KilnError(
+            "kiln.precompile: the capture met a real tensor beside the meta ones (" + first + "): "
+            "precompile moves the model's parameters, buffers and tensor attributes and the example "
+            "inputs to the meta device, but not tensors reached otherwise (a closure's or default "
+            "argument's, a global's, e.g. a loss's targets); pass them as inputs, register them as "
+            "buffers, or create them on the meta device") from None
 
 
 def rewrite_devices(graph, from_kind, to):
