@@ -228,7 +228,9 @@ def compile_child(args, t0):
 
             profiler.disable()
             text = io.StringIO()
-            pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(40)
+            stats = pstats.Stats(profiler, stream=text)
+            stats.sort_stats("cumulative").print_stats(40)
+            stats.sort_stats("tottime").print_stats(25)
             res["profile"] = text.getvalue()
         res["gc_s"] = gc_time.seconds
         res["split"] = gm.split_seconds(before, gm.dynamo_seconds())
@@ -512,7 +514,7 @@ def section_c(args, kilnd_binary, problems, over_budget):
                     problems.append(f"(c) {wl} {k} warning: {wmsg[:300]}")
     if profiles:
         log("")
-        log("First-call profiles (--profile-first-call; cProfile, top 40 by cumulative time):")
+        log("First-call profiles (--profile-first-call; cProfile, top 40 by cumulative time, then top 25 by own time):")
         for title, text in profiles:
             log("")
             log(f"#### {title}")

@@ -479,7 +479,7 @@ def main():
                          "table shows the median first call, the warm-start figures list all (default 1)")
     ap.add_argument("--profile-first-call", action="store_true",
                     help="section c: cProfile each process's first call (its figures then include the "
-                         "profiler's overhead) and print the warm ones' top 40 functions by cumulative time")
+                         "profiler's overhead) and print the warm ones' top 40 functions by cumulative time and top 25 by own time")
     ap.add_argument("--kiln-timeout", type=float, default=300.0, help="kiln's per-Compile timeout (s)")
     ap.add_argument("--child-timeout", type=float, default=300.0, help="section c: per process limit (s)")
     ap.add_argument("--time-budget", type=float, default=None, help="seconds for the whole run (default 540 on "

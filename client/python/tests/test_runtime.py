@@ -239,3 +239,15 @@ def test_missing_runtime_library_is_a_clear_error(monkeypatch, tmp_path):
     monkeypatch.setattr(runtime, "_LOADED", {})
     with pytest.raises(runtime.RuntimeUnavailable, match="nope.so"):
         runtime.load_runtime(str(tmp_path))
+
+
+def test_load_runtime_hashes_the_sources_once_per_cache_dir(monkeypatch, tmp_path):
+    """Every loaded CUDA or library plan asks for the runtime: the sources' hash (file reads and
+    sha256, milliseconds) is computed at the first request for a cache dir only."""
+    monkeypatch.delenv("KILN_RUNTIME_LIB", raising=False)
+    monkeypatch.setattr(runtime, "_BUILT", {})
+    calls = []
+    real = runtime.source_hash
+    monkeypatch.setattr(runtime, "source_hash", lambda root: calls.append(root) or real(root))
+    first = runtime.load_runtime(str(tmp_path))
+    assert runtime.load_runtime(str(tmp_path)) is first and len(calls) == 1
