@@ -1,0 +1,81 @@
+"""The GPU checking tools (tests/gpu/models_check.py, graph_diff.py) run on CPU too (--device cpu
+--quick): these smoke runs keep them working between GPU sessions, against a real kilnd and torch,
+and pin models_check's float64 second opinion for training (the jittered eager peer and the
+training spread)."""
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from kilnd_server import kilnd_path
+
+REPO = Path(__file__).resolve().parents[2]
+GPU_TOOLS = REPO / "tests" / "gpu"
+
+
+def run_tool(script, *args, timeout=600):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "client" / "python"), str(REPO / "tests" / "python")]))
+    for var in ("KILN_SERVER", "KILN_FALLBACK", "KILN_CACHE_ONLY", "KILN_DEBUG"):
+        env.pop(var, None)
+    out = subprocess.run([sys.executable, str(GPU_TOOLS / script), "--device", "cpu", "--quick",
+                          "--kilnd", kilnd_path(), *args], capture_output=True, text=True, env=env,
+                         timeout=timeout, cwd=REPO)
+    return out.returncode, out.stdout + out.stderr
+
+
+@pytest.fixture(scope="module")
+def models_check():
+    sys.path.insert(0, str(GPU_TOOLS))
+    try:
+        import models_check as mc
+        yield mc
+    finally:
+        sys.path.remove(str(GPU_TOOLS))
+
+
+def test_models_check_training_goes_through_the_training_spread():
+    """Tolerances scaled down 100x so that ResNet-18's training rows need the float64 reference:
+    they pass through it (PASS-REF) with the training spread printed, and the exit status is 0."""
+    rc, text = run_tool("models_check.py", "--only", "resnet18", "--dtype", "fp32", "--mode", "training",
+                        "--tol-scale", "0.01")
+    assert rc == 0, text[-4000:]
+    assert "resnet18 / fp32 / training: PASS-REF" in text, text[-4000:]
+    assert "training spread" in text, text[-4000:]
+
+
+def test_graph_diff_defer_replays_every_call():
+    rc, text = run_tool("graph_diff.py", "--model", "resnet18", "--steps", "2", "--defer", "--top", "3")
+    assert rc == 0, text[-4000:]
+    assert "over 4 graph calls" in text, text[-4000:]
+    # On the CPU kiln's kernels are deterministic: a replay on the same inputs gives the same bits.
+    assert "float outputs run again by kiln on the same inputs, 0 differ" in text, text[-4000:]
+
+
+def test_peer_spread_is_the_largest_gradient_error_of_any_eager_peer(models_check):
+    mc = models_check
+    ref = [("grad", "g a", torch.ones(4)), ("grad", "g b", torch.ones(4)), ("update", "u a", torch.ones(4))]
+
+    def run(ga, gb, ua):
+        return [("grad", "g a", torch.full((4,), ga)), ("grad", "g b", torch.full((4,), gb)),
+                ("update", "u a", torch.full((4,), ua))]
+
+    res = {"eager": run(1.0, 1.001, 1.5), "eager-cl": run(1.002, 1.0, 1.0), mc.JITTER_LABEL: run(1.0, 1.003, 2.0),
+           "kiln": run(1.1, 1.1, 1.1)}
+    err, where = mc.peer_spread(res, ref)
+    assert math.isclose(err, 0.003, rel_tol=1e-4) and where == f"{mc.JITTER_LABEL}: g b"  # updates and kiln ignored
+    assert mc.peer_spread({"eager": res["eager"]}, ref) is None  # no jittered peer: no spread (inference)
+
+
+def test_jitter_is_small_seeded_and_multiplicative(models_check):
+    mc = models_check
+    a = [("w", torch.nn.Parameter(torch.full((1000,), 2.0)))]
+    b = [("w", torch.nn.Parameter(torch.full((1000,), 2.0)))]
+    mc.jitter(a, step=1)
+    mc.jitter(b, step=1)
+    assert torch.equal(a[0][1], b[0][1])
+    rel = (a[0][1].detach().double() / 2.0 - 1.0)
+    assert 0 < rel.abs().max() < 10 * mc.JITTER_REL and rel.std() > mc.JITTER_REL / 4
