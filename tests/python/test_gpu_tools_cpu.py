@@ -1,4 +1,4 @@
-"""The GPU checking tools (tests/gpu/models_check.py, graph_diff.py) run on CPU too (--device cpu
+"""The GPU checking tools (tests/gpu/models_check.py, graph_diff.py, scripts/bench_gpu.py) run on CPU too (--device cpu
 --quick): these smoke runs keep them working between GPU sessions, against a real kilnd and torch,
 and pin models_check's float64 second opinion for training (the jittered eager peer and the
 training spread)."""
@@ -79,3 +79,19 @@ def test_jitter_is_small_seeded_and_multiplicative(models_check):
     assert torch.equal(a[0][1], b[0][1])
     rel = (a[0][1].detach().double() / 2.0 - 1.0)
     assert 0 < rel.abs().max() < 10 * mc.JITTER_REL and rel.std() > mc.JITTER_REL / 4
+
+
+def test_bench_section_c_kiln_compile_smoke():
+    """Section c's kiln.compile rows (cold, then a warm new process) with the first-call profile."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "client" / "python"), str(REPO / "tests" / "python")]))
+    env.pop("KILN_SERVER", None)
+    out = subprocess.run([sys.executable, str(REPO / "scripts" / "bench_gpu.py"), "--device", "cpu", "--quick",
+                          "--kilnd", kilnd_path(), "--sections", "c", "--only", "block_train",
+                          "--kiln-compile-only", "--skip-inductor", "--warm-repeats", "1",
+                          "--profile-first-call", "--time-budget", "0"],
+                         capture_output=True, text=True, env=env, timeout=600, cwd=REPO)
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text[-4000:]
+    row = next((line for line in text.splitlines() if line.startswith("| block_train |")), "")
+    assert "1l/0c" in row, text[-4000:]  # the warm process loaded the package instead of capturing
+    assert "Ordered by: internal time" in text and "Ordered by: cumulative time" in text, text[-4000:]
