@@ -1,7 +1,7 @@
-"""The GPU checking tools (tests/gpu/models_check.py, graph_diff.py, scripts/bench_gpu.py) run on CPU too (--device cpu
---quick): these smoke runs keep them working between GPU sessions, against a real kilnd and torch,
-and pin models_check's float64 second opinion for training (the jittered eager peer and the
-training spread)."""
+"""The GPU checking tools (tests/gpu/models_check.py and graph_diff.py, scripts/bench_gpu.py) run
+on the CPU too (--device cpu --quick): these smoke runs keep them working between GPU sessions,
+against a real kilnd and torch, and pin models_check's float64 second opinion for training (the
+jittered eager peer and the training spread)."""
 import math
 import os
 import subprocess
