@@ -18,12 +18,13 @@ GPU_TOOLS = REPO / "tests" / "gpu"
 
 
 def run_tool(script, *args, timeout=600):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "client" / "python"), str(REPO / "tests" / "python")]))
+    """(exit status, stdout + stderr) of `script` --device cpu --quick --kilnd KILND `args`."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "client" / "python"),
+                                                       str(REPO / "tests" / "python")]))
     for var in ("KILN_SERVER", "KILN_FALLBACK", "KILN_CACHE_ONLY", "KILN_DEBUG"):
         env.pop(var, None)
-    out = subprocess.run([sys.executable, str(GPU_TOOLS / script), "--device", "cpu", "--quick",
-                          "--kilnd", kilnd_path(), *args], capture_output=True, text=True, env=env,
-                         timeout=timeout, cwd=REPO)
+    out = subprocess.run([sys.executable, str(script), "--device", "cpu", "--quick", "--kilnd", kilnd_path(),
+                          *args], capture_output=True, text=True, env=env, timeout=timeout, cwd=REPO)
     return out.returncode, out.stdout + out.stderr
 
 
@@ -40,7 +41,7 @@ def models_check():
 def test_models_check_training_goes_through_the_training_spread():
     """Tolerances scaled down 100x so that ResNet-18's training rows need the float64 reference:
     they pass through it (PASS-REF) with the training spread printed, and the exit status is 0."""
-    rc, text = run_tool("models_check.py", "--only", "resnet18", "--dtype", "fp32", "--mode", "training",
+    rc, text = run_tool(GPU_TOOLS / "models_check.py", "--only", "resnet18", "--dtype", "fp32", "--mode", "training",
                         "--tol-scale", "0.01")
     assert rc == 0, text[-4000:]
     assert "resnet18 / fp32 / training: PASS-REF" in text, text[-4000:]
@@ -48,7 +49,7 @@ def test_models_check_training_goes_through_the_training_spread():
 
 
 def test_graph_diff_defer_replays_every_call():
-    rc, text = run_tool("graph_diff.py", "--model", "resnet18", "--steps", "2", "--defer", "--top", "3")
+    rc, text = run_tool(GPU_TOOLS / "graph_diff.py", "--model", "resnet18", "--steps", "2", "--defer", "--top", "3")
     assert rc == 0, text[-4000:]
     assert "over 4 graph calls" in text, text[-4000:]
     # On the CPU kiln's kernels are deterministic: a replay on the same inputs gives the same bits.
@@ -83,15 +84,10 @@ def test_jitter_is_small_seeded_and_multiplicative(models_check):
 
 def test_bench_section_c_kiln_compile_smoke():
     """Section c's kiln.compile rows (cold, then a warm new process) with the first-call profile."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "client" / "python"), str(REPO / "tests" / "python")]))
-    env.pop("KILN_SERVER", None)
-    out = subprocess.run([sys.executable, str(REPO / "scripts" / "bench_gpu.py"), "--device", "cpu", "--quick",
-                          "--kilnd", kilnd_path(), "--sections", "c", "--only", "block_train",
-                          "--kiln-compile-only", "--skip-inductor", "--warm-repeats", "1",
-                          "--profile-first-call", "--time-budget", "0"],
-                         capture_output=True, text=True, env=env, timeout=600, cwd=REPO)
-    text = out.stdout + out.stderr
-    assert out.returncode == 0, text[-4000:]
+    rc, text = run_tool(REPO / "scripts" / "bench_gpu.py", "--sections", "c", "--only", "block_train",
+                        "--kiln-compile-only", "--skip-inductor", "--warm-repeats", "1", "--profile-first-call",
+                        "--time-budget", "0")
+    assert rc == 0, text[-4000:]
     row = next((line for line in text.splitlines() if line.startswith("| block_train |")), "")
     assert "1l/0c" in row, text[-4000:]  # the warm process loaded the package instead of capturing
     assert "Ordered by: internal time" in text and "Ordered by: cumulative time" in text, text[-4000:]
