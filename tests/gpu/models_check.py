@@ -47,8 +47,8 @@ at most twice eager's own error against float64 (the criterion Inductor's accura
 Models with convolutions (4-D inputs) also run a second eager copy in channels-last memory format,
 the layout kiln's convolutions use (cuDNN reduces in another order there); the allowance is twice
 the larger of the two eager errors.
-fp32 training also runs an eager copy whose parameters are multiplied by (1 + 1e-7 N(0,1)) at each step
-(eager-jitter), because a training step of a ReLU network is not a continuous function of its
+fp32 training also runs an eager copy whose parameters are multiplied by (1 + 1e-7 N(0,1)) at each
+step (eager-jitter), because a training step of a ReLU network is not a continuous function of its
 inputs at rounding scale: an activation that lands within rounding of 0 passes its gradient in one
 fp32 implementation and not in another. One such element in ResNet-18's last ReLU (8 x 7 x 7
 positions per channel) moves layer4's weight gradients by 1e-3..5e-3: a float64 run with
@@ -263,7 +263,7 @@ def category_floors(results):
     return {c: FLOOR_FRACTION * math.sqrt(sq[c] / n[c]) if n[c] else 0.0 for c in sq}
 
 
-# Training's eager peer with jittered parameters (see the module doc): every parameter times
+# fp32 training's eager peer with jittered parameters (see the module doc): every parameter times
 # (1 + JITTER_REL * N(0, 1)), drawn again (seeded) after each state copy.
 JITTER_LABEL = "eager-jitter"
 JITTER_REL = 1e-7
