@@ -61,7 +61,15 @@ eager peer in that case (the training spread, printed with the tensor it came fr
 models that spread stays near fp32 rounding and the rule changes nothing. Not in bf16, where
 eager's own per-tensor errors against float64 are already far above what a flip adds (up to 1.3
 for a BatchNorm weight's gradient in ResNet-50), so a case-wide allowance would excuse anything.
---no-fp64-ref turns that off (and saves the float64, channels-last and jittered runs).
+Because that allowance is loose where flips happen (~1e-2 for ResNet-18), fp32 training also has a
+graph check that flips cannot reach: every kiln graph call's inputs and outputs are cloned (on the
+stream) and, after the run, each call's FX module runs in torch on its cloned inputs; the worst
+relative L2 difference of any float output (floor: 0.1 x the RMS of that call's outputs) must be
+within the output tolerance (1e-4), or the case is a MISMATCH naming the call and output. ReLU
+masks reach the backward graph as saved inputs, so both sides use the same ones (on the H200 the
+worst is ~1e-5 for ResNet-18, forward and backward alike).
+--no-fp64-ref turns these off (and saves the float64, channels-last and jittered runs and the
+clones).
 
 kilnd: this script starts one (--kilnd PATH, default: $KILND, .bundle/kilnd, .bundle/kiln/kilnd,
 bazel-bin/server/kilnd) with a fresh --cache_dir on a unix socket (--listen tcp: 127.0.0.1 port 0,
@@ -83,6 +91,7 @@ Exit status: 0 when every case passed (PASS-EAGER counts as passed unless --stri
 """
 
 import argparse
+import contextlib
 import copy
 import json
 import math
@@ -301,6 +310,69 @@ def peer_spread(res, res_r):
     return worst
 
 
+def graph_check_wanted(args, dtype, mode):
+    """fp32 training with the float64 reference on: the end-to-end comparison allows the training
+    spread there, the graph check keeps kiln's own error to fp32 rounding."""
+    return mode == "training" and dtype == "fp32" and not args.no_fp64_ref
+
+
+class GraphRecorder:
+    """fp32 training's graph check (see the module doc): while active, every kiln graph call's
+    inputs and outputs are cloned (on the stream, no synchronization); check() then runs each
+    call's FX module on its cloned inputs (torch, eager) and returns the worst relative L2
+    difference of a float output, the floor being FLOOR_FRACTION x the RMS of that call's float
+    outputs, as in category_floors."""
+
+    def __init__(self):
+        self.records, self._original = [], None
+
+    def __enter__(self):
+        import torch
+        from kiln import backend as kb
+
+        original = self._original = kb.CompiledGraph.__call__
+        records = self.records
+
+        def recorded(graph, args_list):
+            inputs = [a.clone() if isinstance(a, torch.Tensor) else a for a in args_list]
+            out = original(graph, args_list)
+            outs = out if isinstance(out, (list, tuple)) else [out]
+            records.append((graph, inputs, [o.detach().clone() if isinstance(o, torch.Tensor) else o
+                                            for o in outs]))
+            return out
+
+        kb.CompiledGraph.__call__ = recorded
+        return self
+
+    def __exit__(self, *exc):
+        from kiln import backend as kb
+
+        kb.CompiledGraph.__call__ = self._original
+
+    def check(self):
+        """(worst relative L2 difference, 'kind call N output I', calls checked); (0.0, '', 0)
+        without records."""
+        import torch
+
+        worst, where, calls = 0.0, "", {}
+        for graph, inputs, outs in self.records:
+            calls[graph.kind_name] = calls.get(graph.kind_name, 0) + 1
+            with torch.no_grad():
+                ref = graph.gm(*inputs)
+            refs = ref if isinstance(ref, (list, tuple)) else [ref]
+            pairs = [(i, k, e) for i, (k, e) in enumerate(zip(outs, refs))
+                     if isinstance(k, torch.Tensor) and isinstance(e, torch.Tensor) and k.is_floating_point()
+                     and k.numel()]
+            floor = category_floors([("all", "", e) for _, _, e in pairs]).get("all", 0.0)
+            for i, k, e in pairs:
+                rel, _ = rel_err(k, e, floor)
+                if not rel <= worst:  # NaN-safe: a NaN or inf difference is the worst
+                    worst, where = rel, f"{graph.kind_name} call {calls[graph.kind_name]} output {i}"
+        n = len(self.records)
+        self.records.clear()
+        return worst, where, n
+
+
 def compare(res_k, res_e, tol):
     """Per tensor: [category, name, rel, maxabs, ok]. Names must line up."""
     floors = category_floors(res_e)
@@ -344,10 +416,16 @@ def run_case(args, name, dtype, mode, address):
         phase = "running " + ", ".join(label for label, *_ in runs)
         gc.collect()
         before = gm.compiled_graph_ids()
+        recorder = GraphRecorder() if graph_check_wanted(args, dtype, mode) else contextlib.nullcontext()
         with gm.capture_kiln_warnings() as w:
-            res, seconds, fns = run_lockstep(runs, mode, device)
+            with recorder:
+                res, seconds, fns = run_lockstep(runs, mode, device)
             phase = "collecting kiln facts"
             facts = gm.kiln_facts(w.kiln, exclude=before)
+        if isinstance(recorder, GraphRecorder):
+            phase = "checking each graph call against its FX module"
+            worst_graph, where, n_calls = recorder.check()
+            r["graph_check"] = {"rel": worst_graph, "where": where, "tol": tol["output"], "calls": n_calls}
         del fns, runs
         r["times"].update(eager_s=seconds["eager"], kiln_s=seconds["kiln"])
         r["facts"] = facts
@@ -392,7 +470,12 @@ def run_case(args, name, dtype, mode, address):
         r["n_failing"] = len(bad)
         r["n_tensors"] = len(rows)
         eager_graphs = (facts.get("graph_fallbacks") or 0) > 0 or (facts.get("eager_calls") or 0) > 0
-        if bad:
+        graph_check = r.get("graph_check")
+        if graph_check is not None and not graph_check["rel"] <= graph_check["tol"]:
+            r["status"] = "MISMATCH"
+            r["detail"] = (f"graph check: {graph_check['where']} differs from its FX module run by torch on "
+                           f"the same inputs by {graph_check['rel']:.2e} (rel L2, tol {graph_check['tol']:.0e})")
+        elif bad:
             r["status"] = "MISMATCH"
         elif any(row[4] == "ref" for row in rows):
             r["status"] = "PASS-REF"
@@ -447,6 +530,11 @@ def print_case(r):
         extra = ref_text(w.get("ref"))
         log(f"    worst {cat:<6} rel {w['rel']:.2e} (tol {w['tol']:.0e}, {ok}) max abs {w['maxabs']:.2e}"
             f"  {w['name']}{extra}")
+    g = r.get("graph_check")
+    if g:
+        ok = "ok" if g["rel"] <= g["tol"] else "OVER"
+        log(f"    graph check: {g['calls']} kiln graph calls against their FX modules on the same inputs: worst "
+            f"rel {g['rel']:.2e} (tol {g['tol']:.0e}, {ok})" + (f"  {g['where']}" if g["where"] else ""))
     if r.get("n_failing"):
         log(f"    {r['n_failing']} of {r['n_tensors']} tensors over tolerance, e.g.:")
         for f in r["failing"][:6]:

@@ -4,6 +4,7 @@ against a real kilnd and torch, and pin models_check's float64 second opinion fo
 jittered eager peer and the training spread)."""
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -39,13 +40,27 @@ def models_check():
 
 
 def test_models_check_training_goes_through_the_training_spread():
-    """Tolerances scaled down 100x so that ResNet-18's training rows need the float64 reference:
-    they pass through it (PASS-REF) with the training spread printed, and the exit status is 0."""
+    """Tolerances scaled down 20x so that ResNet-18's training rows need the float64 reference:
+    they pass through it (PASS-REF) with the training spread printed, the graph check (each kiln
+    graph call against its FX module on the same inputs, ~3e-6 here) stays within its 5e-6, and
+    the exit status is 0."""
     rc, text = run_tool(GPU_TOOLS / "models_check.py", "--only", "resnet18", "--dtype", "fp32", "--mode", "training",
-                        "--tol-scale", "0.01")
+                        "--tol-scale", "0.05")
     assert rc == 0, text[-4000:]
     assert "resnet18 / fp32 / training: PASS-REF" in text, text[-4000:]
     assert "training spread" in text, text[-4000:]
+    assert "graph check: 4 kiln graph calls against their FX modules on the same inputs" in text, text[-4000:]
+
+
+def test_models_check_graph_check_fails_a_case_over_its_tolerance():
+    """The graph check can fail: at 1e-7 (tolerances x 0.001) GPT's fp32 rounding is over it, and
+    the case is a MISMATCH that names the graph call and output."""
+    rc, text = run_tool(GPU_TOOLS / "models_check.py", "--only", "gpt_matmul", "--dtype", "fp32", "--mode",
+                        "training", "--tol-scale", "0.001")
+    assert rc == 1, text[-4000:]
+    assert "gpt_matmul / fp32 / training: MISMATCH" in text, text[-4000:]
+    assert re.search(r"graph check: (forward|backward) call \d output \d+ differs from its FX module", text), \
+        text[-4000:]
 
 
 def test_graph_diff_defer_replays_every_call():
