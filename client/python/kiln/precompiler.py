@@ -250,7 +250,8 @@ def _explain_foreign_tensors():
         raise
     except Exception as e:
         text = str(e)
-        if "meta" not in text or "device" not in text.lower():
+        mismatch = "same device" in text or "device mismatch" in text.lower()
+        if not mismatch or "meta" not in text:
             raise
         first = next((line.strip() for line in text.splitlines() if "meta" in line), type(e).__name__)
         raise KilnError(
