@@ -366,7 +366,7 @@ class GraphRecorder:
             floor = category_floors([("all", "", e) for _, _, e in pairs]).get("all", 0.0)
             for i, k, e in pairs:
                 rel, _ = rel_err(k, e, floor)
-                if not rel <= worst:  # NaN-safe: a NaN or inf difference is the worst
+                if rel > worst:  # rel_err says inf for non-finite differences
                     worst, where = rel, f"{graph.kind_name} call {calls[graph.kind_name]} output {i}"
         n = len(self.records)
         self.records.clear()
