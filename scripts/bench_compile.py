@@ -296,14 +296,22 @@ def run_child(args, backend, workload, env, server=None, label=""):
     if args.verbose:
         k = r.get("kiln") or {}
         times = k.get("client_time_s") or {}
-        extra = f", package load {times['package_load']:.2f} s" if times.get("package_load") else ""
+        extra = ""
+        if times.get("package_load"):
+            extra = (f", package load {seconds_text(times['package_load'])} s (kiln's Compile RPCs "
+                     f"{times.get('rpc', 0) * 1e3:.1f} ms, plan loads {times.get('load', 0) * 1e3:.1f} ms)")
         if (k.get("prewarm") or {}).get("threads"):  # thread-seconds: summed over the threads
             extra += (f", {k['prewarm']['calls']} warm-up calls on {k['prewarm']['threads']} threads "
                       f"({times.get('prewarm', 0):.2f} thread-s; the call waited "
                       f"{times.get('prewarm_wait', 0):.3f} s for them)")
-        print(f"[{r['wall_s']:.1f} s] {label} {backend} {workload}: first call {r['first_s']:.2f} s{extra}",
+        print(f"[{r['wall_s']:.1f} s] {label} {backend} {workload}: first call {seconds_text(r['first_s'])} s{extra}",
               file=sys.stderr, flush=True)
     return r
+
+
+def seconds_text(x):
+    """Seconds for the tables: 3 decimals under 0.1 s (warm starts of tens of ms), else 2."""
+    return f"{x:.3f}" if abs(x) < 0.1 else f"{x:.2f}"
 
 
 def run_warm(args, backend, workload, env, server=None):
@@ -469,7 +477,7 @@ def section_c(args, kilnd_binary, problems, over_budget):
             problems.append(f"(c) {wl}: kiln ran graphs eagerly, so its 'compile' figures are not compiles")
 
         def sec(x):
-            return f"{x:.2f}" if x is not None else "-"
+            return seconds_text(x) if x is not None else "-"
 
         def wsec(key):  # a warm row: the median process, and the range over --warm-repeats processes
             runs = ok.get(key, {}).get("first_all") or []
