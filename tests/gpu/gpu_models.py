@@ -371,6 +371,52 @@ class capture_kiln_warnings(warnings.catch_warnings):
         return [w for w in self.log if issubclass(w.category, KilnWarning) or "kiln" in str(w.message)[:6]]
 
 
+class GraphCallRecorder:
+    """While active (a `with` block), every kiln graph call (kiln.backend.CompiledGraph.__call__)
+    runs as usual, and its inputs and outputs are cloned on the stream (no synchronization):
+    appended to `records` as (graph, cloned inputs, cloned outputs), or passed to on_call(graph,
+    inputs, outputs) right away when that is given. replay(graph, inputs) runs a graph again,
+    unrecorded, on clones of `inputs`. Used by models_check.py (its graph check) and
+    graph_diff.py."""
+
+    def __init__(self, on_call=None):
+        self.records, self.on_call, self._original = [], on_call, None
+
+    def __enter__(self):
+        import torch
+        from kiln import backend as kb
+
+        original = self._original = kb.CompiledGraph.__call__
+
+        def recorded(graph, args_list):
+            inputs = [a.clone() if isinstance(a, torch.Tensor) else a for a in args_list]
+            out = original(graph, args_list)
+            outs = [o.detach().clone() if isinstance(o, torch.Tensor) else o
+                    for o in (out if isinstance(out, (list, tuple)) else [out])]
+            if self.on_call is not None:
+                self.on_call(graph, inputs, outs)
+            else:
+                self.records.append((graph, inputs, outs))
+            return out
+
+        kb.CompiledGraph.__call__ = recorded
+        return self
+
+    def __exit__(self, *exc):
+        from kiln import backend as kb
+
+        kb.CompiledGraph.__call__ = self._original
+
+    def replay(self, graph, inputs):
+        """[outputs] of kiln's graph run again on clones of `inputs` (after the `with` block)."""
+        import torch
+
+        with torch.no_grad():
+            out = (self._original or type(graph).__call__)(
+                graph, [a.clone() if isinstance(a, torch.Tensor) else a for a in inputs])
+        return list(out) if isinstance(out, (list, tuple)) else [out]
+
+
 # --------------------------------------------------------------------------------------------------
 # models
 # --------------------------------------------------------------------------------------------------

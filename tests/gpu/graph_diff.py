@@ -79,37 +79,22 @@ def main():
     import torch
 
     kiln, _ = gm.import_kiln()
-    from kiln import backend as kb
 
     gm.set_fp32_precise()
     records = []  # (graph name, call, output index, shape, kiln err, eager err, zero ref)
-    original = kb.CompiledGraph.__call__
     calls = {}
-
-    deferred = []  # (graph, label, call, cloned inputs, cloned outputs)
     replays = []  # (label, call, output index, relative L2 difference between kiln's run and its replay)
 
-    def checked(self, args_list):
-        inputs = [a.clone() if isinstance(a, torch.Tensor) else a for a in args_list]
-        out = original(self, args_list)
-        label = self.kind_name + (f" [{self.session.fn.compile_id}]" if self.session.fn.compile_id else "")
+    def check(graph, inputs, outs):
+        """One call's outputs against its FX module in fp32 (eager) and float64; returns (label, call)."""
+        label = graph.kind_name + (f" [{graph.session.fn.compile_id}]" if graph.session.fn.compile_id else "")
         n = calls[label] = calls.get(label, 0) + 1
-        if args.defer:
-            outs = out if isinstance(out, (list, tuple)) else [out]
-            deferred.append((self, label, n, inputs,
-                             [o.detach().clone() if isinstance(o, torch.Tensor) else o for o in outs]))
-            return out
-        check(self, label, n, inputs, out)
-        return out
-
-    def check(self, label, n, inputs, out):
         with torch.no_grad():
-            eager = self.gm(*[a.clone() if isinstance(a, torch.Tensor) else a for a in inputs])
-            if not hasattr(self, "_f64"):
-                self._f64 = float64_module(self.gm)
-            ref = self._f64(*[a.double() if isinstance(a, torch.Tensor) and a.is_floating_point() else a
-                            for a in inputs])
-        outs = out if isinstance(out, (list, tuple)) else [out]
+            eager = graph.gm(*[a.clone() if isinstance(a, torch.Tensor) else a for a in inputs])
+            if not hasattr(graph, "_f64"):
+                graph._f64 = float64_module(graph.gm)
+            ref = graph._f64(*[a.double() if isinstance(a, torch.Tensor) and a.is_floating_point() else a
+                               for a in inputs])
         eagers = eager if isinstance(eager, (list, tuple)) else [eager]
         refs = ref if isinstance(ref, (list, tuple)) else [ref]
         for i, (k, e, r) in enumerate(zip(outs, eagers, refs)):
@@ -119,6 +104,10 @@ def main():
             ek, zero = rel_err(k, r)
             ee, _ = rel_err(e, r)
             records.append((label, n, i, tuple(k.shape), ek, ee, zero))
+        return label, n
+
+    # Without --defer each call is checked as it returns (rel_err waits for the GPU).
+    recorder = gm.GraphCallRecorder(on_call=None if args.defer else check)
 
     with tempfile.TemporaryDirectory(prefix="kiln-graph-diff-") as tmp:
         kilnd = gm.Kilnd(gm.find_kilnd(args.kilnd), tmp)
@@ -131,30 +120,26 @@ def main():
                     for _ in range(2):
                         compiled(*first.inputs)
                 gm.sync(args.device)
-            kb.CompiledGraph.__call__ = checked
             case = gm.make_case(args.model, args.quick, args.device, batch=args.batch)
-            if args.mode == "training":
-                module = gm.with_loss(case.model, case.loss_fn).train()
-                compiled = gm.compile_kiln(module, kilnd.address)
-                opt = torch.optim.SGD(case.model.parameters(), lr=0.01)
-                for _ in range(args.steps):
-                    opt.zero_grad()
-                    compiled(*case.inputs).backward()
-                    opt.step()
-            else:
-                case.model.eval()
-                compiled = gm.compile_kiln(case.model, kilnd.address)
-                with torch.no_grad():
+            with recorder:
+                if args.mode == "training":
+                    module = gm.with_loss(case.model, case.loss_fn).train()
+                    compiled = gm.compile_kiln(module, kilnd.address)
+                    opt = torch.optim.SGD(case.model.parameters(), lr=0.01)
                     for _ in range(args.steps):
-                        compiled(*case.inputs)
-            gm.sync(args.device)
-            kb.CompiledGraph.__call__ = original
-            for graph, label, n, inputs, outs in deferred:
-                check(graph, label, n, inputs, outs)
-                with torch.no_grad():
-                    again = original(graph, [a.clone() if isinstance(a, torch.Tensor) else a for a in inputs])
-                again = again if isinstance(again, (list, tuple)) else [again]
-                for i, (o, r) in enumerate(zip(outs, again)):
+                        opt.zero_grad()
+                        compiled(*case.inputs).backward()
+                        opt.step()
+                else:
+                    case.model.eval()
+                    compiled = gm.compile_kiln(case.model, kilnd.address)
+                    with torch.no_grad():
+                        for _ in range(args.steps):
+                            compiled(*case.inputs)
+                gm.sync(args.device)
+            for graph, inputs, outs in recorder.records:  # --defer
+                label, n = check(graph, inputs, outs)
+                for i, (o, r) in enumerate(zip(outs, recorder.replay(graph, inputs))):
                     if isinstance(o, torch.Tensor) and o.is_floating_point():
                         replays.append((label, n, i, rel_err(o, r.double())[0]))
         finally:

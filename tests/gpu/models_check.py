@@ -316,61 +316,28 @@ def graph_check_wanted(args, dtype, mode):
     return mode == "training" and dtype == "fp32" and not args.no_fp64_ref
 
 
-class GraphRecorder:
-    """fp32 training's graph check (see the module doc): while active, every kiln graph call's
-    inputs and outputs are cloned (on the stream, no synchronization); check() then runs each
-    call's FX module on its cloned inputs (torch, eager) and returns the worst relative L2
-    difference of a float output, the floor being FLOOR_FRACTION x the RMS of that call's float
-    outputs, as in category_floors."""
+def check_graph_calls(records):
+    """fp32 training's graph check (see the module doc) over gm.GraphCallRecorder's records: each
+    call's FX module runs in torch on its cloned inputs. Returns (the worst relative L2 difference
+    of a float output, 'kind call N output I', calls checked); the floor is FLOOR_FRACTION x the
+    RMS of that call's float outputs, as in category_floors."""
+    import torch
 
-    def __init__(self):
-        self.records, self._original = [], None
-
-    def __enter__(self):
-        import torch
-        from kiln import backend as kb
-
-        original = self._original = kb.CompiledGraph.__call__
-        records = self.records
-
-        def recorded(graph, args_list):
-            inputs = [a.clone() if isinstance(a, torch.Tensor) else a for a in args_list]
-            out = original(graph, args_list)
-            outs = out if isinstance(out, (list, tuple)) else [out]
-            records.append((graph, inputs, [o.detach().clone() if isinstance(o, torch.Tensor) else o
-                                            for o in outs]))
-            return out
-
-        kb.CompiledGraph.__call__ = recorded
-        return self
-
-    def __exit__(self, *exc):
-        from kiln import backend as kb
-
-        kb.CompiledGraph.__call__ = self._original
-
-    def check(self):
-        """(worst relative L2 difference, 'kind call N output I', calls checked); (0.0, '', 0)
-        without records."""
-        import torch
-
-        worst, where, calls = 0.0, "", {}
-        for graph, inputs, outs in self.records:
-            calls[graph.kind_name] = calls.get(graph.kind_name, 0) + 1
-            with torch.no_grad():
-                ref = graph.gm(*inputs)
-            refs = ref if isinstance(ref, (list, tuple)) else [ref]
-            pairs = [(i, k, e) for i, (k, e) in enumerate(zip(outs, refs))
-                     if isinstance(k, torch.Tensor) and isinstance(e, torch.Tensor) and k.is_floating_point()
-                     and k.numel()]
-            floor = category_floors([("all", "", e) for _, _, e in pairs]).get("all", 0.0)
-            for i, k, e in pairs:
-                rel, _ = rel_err(k, e, floor)
-                if rel > worst:  # rel_err says inf for non-finite differences
-                    worst, where = rel, f"{graph.kind_name} call {calls[graph.kind_name]} output {i}"
-        n = len(self.records)
-        self.records.clear()
-        return worst, where, n
+    worst, where, calls = 0.0, "", {}
+    for graph, inputs, outs in records:
+        calls[graph.kind_name] = calls.get(graph.kind_name, 0) + 1
+        with torch.no_grad():
+            ref = graph.gm(*inputs)
+        refs = ref if isinstance(ref, (list, tuple)) else [ref]
+        pairs = [(i, k, e) for i, (k, e) in enumerate(zip(outs, refs))
+                 if isinstance(k, torch.Tensor) and isinstance(e, torch.Tensor) and k.is_floating_point()
+                 and k.numel()]
+        floor = category_floors([("all", "", e) for _, _, e in pairs]).get("all", 0.0)
+        for i, k, e in pairs:
+            rel, _ = rel_err(k, e, floor)
+            if rel > worst:  # rel_err says inf for non-finite differences
+                worst, where = rel, f"{graph.kind_name} call {calls[graph.kind_name]} output {i}"
+    return worst, where, len(records)
 
 
 def compare(res_k, res_e, tol):
@@ -416,15 +383,16 @@ def run_case(args, name, dtype, mode, address):
         phase = "running " + ", ".join(label for label, *_ in runs)
         gc.collect()
         before = gm.compiled_graph_ids()
-        recorder = GraphRecorder() if graph_check_wanted(args, dtype, mode) else contextlib.nullcontext()
+        recorder = gm.GraphCallRecorder() if graph_check_wanted(args, dtype, mode) else None
         with gm.capture_kiln_warnings() as w:
-            with recorder:
+            with recorder or contextlib.nullcontext():
                 res, seconds, fns = run_lockstep(runs, mode, device)
             phase = "collecting kiln facts"
             facts = gm.kiln_facts(w.kiln, exclude=before)
-        if isinstance(recorder, GraphRecorder):
+        if recorder is not None:
             phase = "checking each graph call against its FX module"
-            worst_graph, where, n_calls = recorder.check()
+            worst_graph, where, n_calls = check_graph_calls(recorder.records)
+            del recorder
             r["graph_check"] = {"rel": worst_graph, "where": where, "tol": tol["output"], "calls": n_calls}
         del fns, runs
         r["times"].update(eager_s=seconds["eager"], kiln_s=seconds["kiln"])
