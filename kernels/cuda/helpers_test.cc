@@ -137,6 +137,21 @@ TEST(CudaHelpers, VecIsAlignedToItsSize) {
   EXPECT_EQ(v.v[3], 7.0f);
 }
 
+TEST(CudaHelpers, MaxNanHalfIsTheLargestLaneOrNan) {
+  kiln_cuda::Vec<uint16_t, 8> v;
+  const float values[8] = {-3.0f, 0.5f, -0.0f, 7.25f, -100.0f, 2.0f, 7.0f, 1.0f};
+  for (int i = 0; i < 8; ++i) v.v[i] = kiln_cuda::f32_to_bf16(values[i]);
+  EXPECT_EQ((kiln_cuda::max_nan_half<true, 8>(v)), 7.25f);
+  EXPECT_EQ((kiln_cuda::bf16_lane<0, 8>(v)), -3.0f);
+  EXPECT_EQ((kiln_cuda::bf16_lane<3, 8>(v)), 7.25f);
+  EXPECT_EQ((kiln_cuda::bf16_lane<7, 8>(v)), 1.0f);
+  v.v[5] = kiln_cuda::f32_to_bf16(std::nanf(""));
+  EXPECT_TRUE(std::isnan(kiln_cuda::max_nan_half<true, 8>(v)));
+  kiln_cuda::Vec<uint16_t, 4> h;
+  for (int i = 0; i < 4; ++i) h.v[i] = kiln_cuda::f32_to_f16(-values[i]);
+  EXPECT_EQ((kiln_cuda::max_nan_half<false, 4>(h)), 3.0f);
+}
+
 TEST(CudaHelpers, PreludeHoldsEveryHeaderWithoutIncludes) {
   const std::string prelude = kiln::kernels::CudaPrelude();
   for (const char* h : {"kiln_cuda_half.cuh", "kiln_cuda_math.cuh", "kiln_cuda_reduce.cuh",

@@ -71,6 +71,21 @@ KILN_DEV float max_nan(float a, float b) {
 }
 KILN_DEV double max_nan(double a, double b) { return maximum(a, b); }
 
+// exp(x) in one MUFU instruction: ex2.approx.ftz of x * log2(e). Relative error about 2^-22 plus
+// |x| * 2^-24 (the product's rounding; x = -20: ~1.2e-6), results below 2^-126 flushed to 0;
+// exp(-inf) = 0, exp(NaN) = NaN. The emitter uses it only for softmax exps of kernels whose every
+// result is rounded to f16/bf16 (2^-11 / 2^-8 relative), as Triton's exp does for every dtype;
+// accurate expf (kiln_cuda::exp) everywhere else. Host and emulator: expf.
+KILN_DEV float exp_approx(float x) {
+#if defined(__CUDA_ARCH__)
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x * 1.4426950408889634f));
+  return r;
+#else
+  return ::expf(x);
+#endif
+}
+
 template <typename T> KILN_DEV T relu(T x) { return x > T(0) ? x : (x != x ? x : T(0)); }
 template <typename T> KILN_DEV T sign(T x) { return static_cast<T>((T(0) < x) - (x < T(0))); }
 template <typename T> KILN_DEV T sigmoid(T x) { return T(1) / (T(1) + kiln_cuda::exp(-x)); }

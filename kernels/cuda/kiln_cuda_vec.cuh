@@ -12,7 +12,7 @@
 // bytes are there once the same thread has called cp_async_wait_all() (commit_group +
 // wait_group 0). Elsewhere (older archs, the host emulator) a plain copy and a no-op.
 
-#include "kernels/cuda/kiln_cuda_half.cuh"
+#include "kernels/cuda/kiln_cuda_math.cuh"
 
 namespace kiln_cuda {
 
@@ -64,6 +64,40 @@ KILN_DEV void cp_async_wait_all() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
 #endif
+}
+
+// Lane J of a vector of bf16 bit patterns, widened: its 32-bit word shifted (even J) or masked
+// (odd J), one instruction each (bf16_to_f32(v.v[J]) extracts the odd lanes first: two).
+template <int J, int N> KILN_DEV float bf16_lane(const Vec<uint16_t, N>& v) {
+  static_assert(N % 2 == 0 && J >= 0 && J < N, "bf16_lane: a lane of an even-width vector");
+  const uint32_t w = reinterpret_cast<const uint32_t*>(&v)[J / 2];  // Vec is aligned to its size
+  return bits_to_f32(J % 2 == 0 ? w << 16 : w & 0xffff0000u);
+}
+
+// max_nan over the lanes of a vector of bf16 (kBf16) or f16 bit patterns, widened to float: the
+// two-pass softmax's row max over a cached 16-bit row. On sm_80+ pairwise max.NaN.bf16x2 /
+// .f16x2 (exact: the maximum of 16-bit values is one of them; NaN if any lane is NaN), then the
+// last pair widened: N / 2 + 2 instructions instead of 2 N. Elsewhere lane by lane.
+template <bool kBf16, int N> KILN_DEV float max_nan_half(const Vec<uint16_t, N>& v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if constexpr (N % 2 == 0) {
+    const uint32_t* const w = reinterpret_cast<const uint32_t*>(&v);  // Vec is 16-byte aligned
+    uint32_t m = w[0];
+#pragma unroll
+    for (int i = 1; i < N / 2; ++i) {
+      if constexpr (kBf16) {
+        asm("max.NaN.bf16x2 %0, %1, %2;" : "=r"(m) : "r"(m), "r"(w[i]));
+      } else {
+        asm("max.NaN.f16x2 %0, %1, %2;" : "=r"(m) : "r"(m), "r"(w[i]));
+      }
+    }
+    const uint16_t lo = static_cast<uint16_t>(m & 0xffffu), hi = static_cast<uint16_t>(m >> 16);
+    return kBf16 ? max_nan(bf16_to_f32(lo), bf16_to_f32(hi)) : max_nan(f16_to_f32(lo), f16_to_f32(hi));
+  }
+#endif
+  float m = kBf16 ? bf16_to_f32(v.v[0]) : f16_to_f32(v.v[0]);
+  for (int i = 1; i < N; ++i) m = max_nan(m, kBf16 ? bf16_to_f32(v.v[i]) : f16_to_f32(v.v[i]));
+  return m;
 }
 
 }  // namespace kiln_cuda

@@ -649,7 +649,7 @@ std::string CpuKernelEmitter::ExprCode(const Expr& e) {
       }
       break;
     case ExprKind::kUnary:
-      code = UnaryCode(e->unary_op, e->args[0]->type, ExprCode(e->args[0]));
+      code = UnaryNodeCode(*e, ExprCode(e->args[0]));
       break;
     case ExprKind::kBinary: {
       const std::string a = ExprCode(e->args[0]);

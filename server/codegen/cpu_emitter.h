@@ -94,6 +94,11 @@ class CpuKernelEmitter {
   virtual bool BoolStoredAsBytes() const { return true; }
   virtual std::string ConstCode(const kernel::ExprNode& e) const;
   virtual std::string UnaryCode(kernel::UnaryOp op, kernel::ScalarType t, const std::string& x) const;
+  // The code of unary node `e` over its argument's code `x`: UnaryCode, unless an emitter picks
+  // another form for that node (the CUDA emitter's approximate softmax exps).
+  virtual std::string UnaryNodeCode(const kernel::ExprNode& e, const std::string& x) const {
+    return UnaryCode(e.unary_op, e.args[0]->type, x);
+  }
   virtual std::string BinaryCode(kernel::BinaryOp op, kernel::ScalarType t, const std::string& a,
                                  const std::string& b) const;
   // Whether `b` (an expression's code) is a row accumulator's softmax sum or Welford count:

@@ -49,6 +49,31 @@ void CudaKernelEmitter::PlanExpReuse() {
   }
 }
 
+void CudaKernelEmitter::PlanApproxExp() {
+  approx_exp_ = false;
+  approx_exp_nodes_.clear();
+  bool stores = false, half = true;
+  auto visit = [&](const std::vector<Stmt>& stmts) {
+    for (const Stmt& s : stmts) {
+      if (s.kind != StmtKind::kStore) continue;
+      stores = true;
+      half &= kernel::IsHalfType(s.buffer.dtype);
+    }
+  };
+  for (const kernel::Phase& p : k_.phases) visit(p.stmts);
+  visit(k_.body);
+  if (!stores || !half) return;
+  for (const auto& [id, tp] : two_pass_) {
+    bool softmax = false;
+    for (const Accumulator& a : k_.accumulators) softmax |= a.id == id && a.kind == AccKind::kOnlineSoftmax;
+    if (!softmax) continue;
+    approx_exp_ = true;
+    if (!tp.reuses_cache || !tp.exp_nodes.empty()) continue;  // no exps left in later phases
+    absl::optional<std::vector<const ExprNode*>> nodes = ExpShiftNodes(k_, tp.phase + 1, id, tp.key);
+    if (nodes) approx_exp_nodes_.insert(nodes->begin(), nodes->end());
+  }
+}
+
 void CudaKernelEmitter::SeedScope() {
   for (const auto& [id, tp] : two_pass_) {
     if (phase_ <= tp.phase) continue;
@@ -125,29 +150,30 @@ void CudaKernelEmitter::EmitAllReduces(const std::vector<Stmt>& stmts, int64_t c
       local_vec_array_ = smem->first;
       local_vec_ = "kiln_x";
     }
-    for (int j = 0; j < width_; ++j) {
+    auto lane = [&](int j) {
       lane_ = width_ == 1 ? -1 : j;
-      if (shifted_) {
-        // Only the lanes within the row (its first and last chunks have others).
-        w_.Open("");
-        w_.Linef("const idx_t kiln_r = (static_cast<idx_t>(kiln_e) * ", group_, " + kiln_lane) * ",
-                 width_, " + ", j, " - kiln_sh;");
-        w_.Open(absl::StrCat("if (kiln_r >= 0 && kiln_r < ", total, ")"));
-      }
       const std::string x = SlotValue(two->second.array);
       if (softmax && !two->second.exp_nodes.empty()) {
-        w_.Linef(x, " = kiln_cuda::exp(", x, " - ", acc, ".max);");  // not 16-bit (PlanExpReuse)
+        w_.Linef(x, " = ", PassBExp(), x, " - ", acc, ".max);");  // not 16-bit (PlanExpReuse)
         w_.Linef(acc, ".sum += ", x, ";");
       } else if (softmax) {
-        w_.Linef(acc, ".sum += kiln_cuda::exp(", x, " - kiln_m);");
+        w_.Linef(acc, ".sum += ", PassBExp(), x, " - kiln_m);");
       } else {
         w_.Linef("const ", t, " kiln_d", j, " = ", x, " - ", acc, ".mean;");
         w_.Linef(acc, ".m2 += kiln_d", j, " * kiln_d", j, ";");
       }
-      if (shifted_) {
-        w_.Close();
-        w_.Close();
-      }
+    };
+    if (shifted_) {
+      // A chunk within the row folds every lane; the row's first and last chunks only the lanes
+      // within the row.
+      w_.Linef("const idx_t kiln_rb = (static_cast<idx_t>(kiln_e) * ", group_, " + kiln_lane) * ",
+               width_, " - kiln_sh;");
+      w_.Open(absl::StrCat("if (kiln_rb >= 0 && kiln_rb + ", width_, " <= ", total, ")"));
+      for (int j = 0; j < width_; ++j) lane(j);
+      w_.Close();
+      EmitShiftedTail(width_, total, lane);
+    } else {
+      for (int j = 0; j < width_; ++j) lane(j);
     }
     lane_ = -1;
     if (local) {

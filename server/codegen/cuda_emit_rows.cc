@@ -234,6 +234,7 @@ void CudaKernelEmitter::EmitRow(const VecPlan& plan, bool cache) {
       }
     }
     PlanExpReuse();
+    PlanApproxExp();
     launch_.cached_values = std::max<int>(launch_.cached_values, static_cast<int>(values));
   }
   std::string total_code = SizeCode(total);
@@ -308,6 +309,8 @@ void CudaKernelEmitter::EmitRow(const VecPlan& plan, bool cache) {
   phase_ = -1;
   cache_.clear();
   two_pass_.clear();
+  approx_exp_ = false;
+  approx_exp_nodes_.clear();
   smem_vec_ = false;
   if (!k_.body.empty()) {
     w_.Open(column ? "if (kiln_active && kiln_lane == 0)" : "if (kiln_lane == 0)");

@@ -120,6 +120,8 @@ std::string CudaKernelEmitter::SlotValue(const std::string& array) const {
   if (smem == smem_arrays_.end() || !kernel::IsHalfType(smem->second)) return Slot(array);
   Buffer b;
   b.dtype = smem->second;
+  // Pass B's chunk vector, read once into a local: its lanes widen in one instruction each.
+  if (smem_vec_ && array == local_vec_array_ && lane_ >= 0) return WidenLane(b, local_vec_, lane_, width_);
   return Widen(b, Slot(array));
 }
 

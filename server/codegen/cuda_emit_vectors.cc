@@ -177,6 +177,10 @@ void CudaKernelEmitter::EmitVectorLanes(const std::vector<Stmt>& stmts, const Ve
   for (const auto& [key, a] : plan.stores) {
     w_.Linef("kiln_cuda::Vec<", StorageType(a.buffer.dtype), ", ", plan.width, "> ", a.name, ";");
   }
+  if (EmitPackedMax(stmts, plan)) {
+    w_.Close();
+    return;
+  }
   plan_ = &plan;
   for (int j = 0; j < plan.width; ++j) {
     w_.Open("");
@@ -190,6 +194,30 @@ void CudaKernelEmitter::EmitVectorLanes(const std::vector<Stmt>& stmts, const Ve
              "), ", a.name, ");");
   }
   w_.Close();
+}
+
+bool CudaKernelEmitter::EmitPackedMax(const std::vector<Stmt>& stmts, const VecPlan& plan) {
+  // Shared rows only: their slots are filled before the phase (register caches fill per lane).
+  if (!smem_vec_ || stmts.empty() || !plan.stores.empty() || plan.width % 2 != 0) return false;
+  std::vector<std::pair<int, const VecAccess*>> folds;
+  for (const Stmt& s : stmts) {
+    if (s.kind != StmtKind::kAccumulate || s.acc.kind != AccKind::kOnlineSoftmax) return false;
+    auto two = two_pass_.find(s.acc.id);
+    if (two == two_pass_.end() || !two->second.reuses_cache || s.acc.dtype != ScalarType::kFloat32) {
+      return false;
+    }
+    const ExprNode* load = HeldLoad(s.value.get());
+    if (load == nullptr || load == s.value.get() || !kernel::IsHalfType(load->buffer.dtype)) return false;
+    auto vec = plan.loads.find(AccessKey(load->buffer, load->index));
+    if (vec == plan.loads.end()) return false;
+    folds.emplace_back(s.acc.id, &vec->second);
+  }
+  for (const auto& [id, vec] : folds) {
+    w_.Linef("acc", id, ".max = kiln_cuda::max_nan(acc", id, ".max, kiln_cuda::max_nan_half<",
+             vec->buffer.dtype == ScalarType::kBFloat16 ? "true" : "false", ", ", plan.width, ">(",
+             vec->name, "));");
+  }
+  return true;
 }
 
 void CudaKernelEmitter::EmitLane(int j, const std::vector<Stmt>& stmts) {

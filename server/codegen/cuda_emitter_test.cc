@@ -356,7 +356,7 @@ TEST(CudaEmitter, Bf16UsesEightWideVectorsAndBitConversions) {
   EXPECT_EQ(launch.vector_width, 8);
   EXPECT_EQ(*CudaGridSize(launch, {}), 132 * 8 * 4 < (1 << 20) / (256 * 8) ? 132 * 8 * 4 : (1 << 20) / (256 * 8));
   EXPECT_TRUE(absl::StrContains(src, "kiln_cuda::Vec<uint16_t, 8>"));
-  EXPECT_TRUE(absl::StrContains(src, "kiln_cuda::bf16_to_f32(kiln_lv0.v[7])"));
+  EXPECT_TRUE(absl::StrContains(src, "kiln_cuda::bf16_lane<7, 8>(kiln_lv0)")) << "lanes widen from the words";
   EXPECT_TRUE(absl::StrContains(src, "kiln_cuda::f32_to_bf16("));
   EXPECT_TRUE(absl::StrContains(src, "using idx_t = int32_t;"));
 }
@@ -401,8 +401,16 @@ TEST(CudaEmitter, Bf16SoftmaxCachesTheWidenedRowOnceWithOneExpPerElement) {
   EXPECT_EQ(launch.vector_width, 8);
   EXPECT_EQ(launch.cached_values, 32) << src;
   EXPECT_FALSE(absl::StrContains(src, "kiln_a0")) << src;
-  EXPECT_EQ(Count(src, "kiln_c0[kiln_e * 8 + 7] = kiln_cuda::exp(kiln_c0[kiln_e * 8 + 7] - acc0.max);"), 1) << src;
-  EXPECT_EQ(Count(src, "kiln_cuda::exp("), 9) << src;  // 8 vector lanes + the scalar path
+  // bf16 results: the exps are exp_approx (PlanApproxExp), kept for phase 1.
+  EXPECT_EQ(Count(src, "kiln_c0[kiln_e * 8 + 7] = kiln_cuda::exp_approx(kiln_c0[kiln_e * 8 + 7] - acc0.max);"), 1) << src;
+  EXPECT_EQ(Count(src, "kiln_cuda::exp_approx("), 9) << src;  // 8 vector lanes + the scalar path
+  EXPECT_EQ(Count(src, "kiln_cuda::exp("), 0) << src;
+  // f32 results keep accurate exps (kiln_cuda::exp, expf), shared rows or registers.
+  for (int64_t cols : {1024, 50257}) {
+    const std::string f32 = EmitOne(kt::RowSoftmax(cols, false), true, &launch);
+    EXPECT_EQ(Count(f32, "exp_approx"), 0) << f32;
+    EXPECT_GT(Count(f32, "kiln_cuda::exp("), 0) << f32;
+  }
   EXPECT_EQ(Count(src, "round_bf16"), 0) << src;
   EXPECT_EQ(Count(src, "kiln_cuda::f32_to_bf16("), 9) << src;
   // Welford over a widened load: two passes over the cache, no array of its own.
@@ -653,7 +661,7 @@ KILN_DEV void kiln_kernel_0_body(const uint16_t* __restrict__ b0, uint16_t* __re
 #pragma unroll 4
       for (int kiln_e = 0; kiln_e < 99; ++kiln_e) {
         if ((static_cast<idx_t>(kiln_e) * 512 + kiln_lane) < 50257) {
-          acc0.sum += kiln_cuda::exp(kiln_cuda::bf16_to_f32(kiln_c0[kiln_e * 512 + kiln_lane]) - kiln_m);
+          acc0.sum += kiln_cuda::exp_approx(kiln_cuda::bf16_to_f32(kiln_c0[kiln_e * 512 + kiln_lane]) - kiln_m);
         }
       }
     }
@@ -667,7 +675,7 @@ KILN_DEV void kiln_kernel_0_body(const uint16_t* __restrict__ b0, uint16_t* __re
         const idx_t r0 = kiln_r;
         const float v2 = kiln_cuda::bf16_to_f32(kiln_c0[kiln_e * 512 + kiln_lane]);
         const float v3 = v2 - acc0.max;
-        const float v4 = kiln_cuda::exp(v3);
+        const float v4 = kiln_cuda::exp_approx(v3);
         const float v5 = v4 * (float(1) / acc0.sum);
         b1[o0 * 50257 + r0] = kiln_cuda::f32_to_bf16(v5);
       }
@@ -701,6 +709,10 @@ extern "C" __global__ void __launch_bounds__(512, 2) kiln_kernel_0(const uint16_
   EXPECT_EQ(Count(src, "kiln_c0[kiln_e * 512 + kiln_lane].v[7] = b0[o0 * 50257 + r0];"), 1) << "edge lanes fill";
   EXPECT_EQ(Count(src, "kiln_cuda::cp_async_wait_all();"), 1);
   EXPECT_LT(src.find("kiln_cuda::cp_async_wait_all();"), src.find("acc0.max = kiln_cuda::max_nan"));
+  // Phase 0 within the row: one packed max per chunk's vector; edge lanes one by one.
+  EXPECT_EQ(Count(src, "acc0.max = kiln_cuda::max_nan(acc0.max, kiln_cuda::max_nan_half<true, 8>(kiln_lv0));"), 1)
+      << src;
+  EXPECT_EQ(Count(src, "acc0.max = kiln_cuda::max_nan(acc0.max, v"), 8) << src;
   EXPECT_EQ(Count(src, "const kiln_cuda::Vec<uint16_t, 8> kiln_lv0 = kiln_c0[kiln_e * 512 + kiln_lane];"), 2)
       << "phases 0 and 1 read a chunk's vector once";
   EXPECT_EQ(Count(src, "const kiln_cuda::Vec<uint16_t, 8> kiln_x = kiln_c0[kiln_e * 512 + kiln_lane];"), 1)
@@ -708,7 +720,14 @@ extern "C" __global__ void __launch_bounds__(512, 2) kiln_kernel_0(const uint16_
   EXPECT_EQ(Count(src, "kiln_cuda::bf16_to_f32(kiln_c0[kiln_e * 512 + kiln_lane].v[7])"), 2)
       << "edge lanes of phases 0 and 1 read and widen";
   EXPECT_EQ(Count(src, "load_vec<8>(b0"), 0) << "no global vector loads of the cached row";
-  EXPECT_FALSE(absl::StrContains(src, "] = kiln_cuda::exp(")) << "no exps into 16-bit slots";
+  EXPECT_FALSE(absl::StrContains(src, "] = kiln_cuda::exp")) << "no exps into 16-bit slots";
+  // Pass B folds a chunk within the row without a check per lane; the row's first and last
+  // chunks check each lane (as phase 0 and 1 do).
+  EXPECT_EQ(Count(src, "const idx_t kiln_rb = (static_cast<idx_t>(kiln_e) * 512 + kiln_lane) * 8 - kiln_sh;"), 4)
+      << "fill, phase 0, pass B, phase 1";
+  EXPECT_EQ(Count(src, "if (kiln_rb >= 0 && kiln_rb + 8 <= 50257)"), 4) << "fill, phase 0, pass B, phase 1";
+  EXPECT_EQ(Count(src, "acc0.sum += kiln_cuda::exp_approx(kiln_cuda::bf16_lane<7, 8>(kiln_x) - kiln_m);"), 2)
+      << "vector and edge lanes";
   // A layer norm's Welford reads the cached bf16 row in its pass B too.
   src = EmitOne(kt::LayerNormBf16(50257, 1e-5f), /*vectorize=*/true, &launch);
   EXPECT_EQ(launch.layout, CudaLayout::kSharedRow);

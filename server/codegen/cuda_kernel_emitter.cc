@@ -87,6 +87,11 @@ std::string CudaKernelEmitter::UnaryCode(kernel::UnaryOp op, ScalarType t,
   return Retarget(CpuKernelEmitter::UnaryCode(op, t, x));
 }
 
+std::string CudaKernelEmitter::UnaryNodeCode(const ExprNode& e, const std::string& x) const {
+  if (approx_exp_nodes_.count(&e)) return absl::StrCat("kiln_cuda::exp_approx(", x, ")");
+  return UnaryCode(e.unary_op, e.args[0]->type, x);
+}
+
 std::string CudaKernelEmitter::BinaryCode(kernel::BinaryOp op, ScalarType t, const std::string& a,
                                           const std::string& b) const {
   return Retarget(CpuKernelEmitter::BinaryCode(op, t, a, b));
@@ -95,6 +100,14 @@ std::string CudaKernelEmitter::BinaryCode(kernel::BinaryOp op, ScalarType t, con
 std::string CudaKernelEmitter::CastCode(ScalarType from, ScalarType to,
                                         const std::string& x) const {
   return Retarget(CpuKernelEmitter::CastCode(from, to, x));
+}
+
+std::string CudaKernelEmitter::WidenLane(const Buffer& b, const std::string& vec, int lane,
+                                         int width) const {
+  if (b.dtype == ScalarType::kBFloat16 && width % 2 == 0 && lane >= 0) {
+    return absl::StrCat("kiln_cuda::bf16_lane<", lane, ", ", width, ">(", vec, ")");
+  }
+  return Widen(b, absl::StrCat(vec, ".v[", lane, "]"));
 }
 
 std::string CudaKernelEmitter::Widen(const Buffer& b, const std::string& raw) const {
@@ -124,7 +137,7 @@ std::string CudaKernelEmitter::LoadExprCode(const ExprNode& e) {
   if (plan_ != nullptr && lane_ >= 0) {
     auto vec = plan_->loads.find(key);
     if (vec != plan_->loads.end()) {
-      code = Widen(e.buffer, absl::StrCat(vec->second.name, ".v[", lane_, "]"));
+      code = WidenLane(e.buffer, vec->second.name, lane_, plan_->width);
     }
   }
   auto cached = cache_.find(key);

@@ -94,12 +94,17 @@ class CudaKernelEmitter : public CpuKernelEmitter {
   static std::string Retarget(const std::string& code);
   std::string ConstCode(const ExprNode& e) const override;
   std::string UnaryCode(kernel::UnaryOp op, ScalarType t, const std::string& x) const override;
+  // approx_exp_nodes_ as kiln_cuda::exp_approx (see PlanApproxExp).
+  std::string UnaryNodeCode(const ExprNode& e, const std::string& x) const override;
   std::string BinaryCode(kernel::BinaryOp op, ScalarType t, const std::string& a,
                          const std::string& b) const override;
   bool BoolStoredAsBytes() const override { return false; }  // NVRTC kernels keep `bool`
   std::string CastCode(ScalarType from, ScalarType to, const std::string& x) const override;
 
   std::string Widen(const Buffer& b, const std::string& raw) const;
+  // Lane `lane` of vector `vec` (a Vec of `width` elements of b's type) widened: bf16 lanes of
+  // even-width vectors by kiln_cuda::bf16_lane (one instruction), else Widen(vec.v[lane]).
+  std::string WidenLane(const Buffer& b, const std::string& vec, int lane, int width) const;
   std::string Narrow(const Buffer& b, const std::string& v) const;
 
   std::string LoadCode(const Buffer& b, const std::string& index) const override;
@@ -165,6 +170,10 @@ class CudaKernelEmitter : public CpuKernelEmitter {
   void EmitVectorLanes(const std::vector<Stmt>& stmts, const VecPlan& full_plan, const Var& x,
                        const std::string& base,
                        absl::FunctionRef<void(const std::string&)> lane_decl);
+  // Pass A of two-pass softmaxes whose every statement folds the max of a widened f16/bf16 vector
+  // load of `plan` (the cached vocabulary row): one kiln_cuda::max_nan_half per vector instead of
+  // a widening and a max per lane. False (nothing emitted) otherwise.
+  bool EmitPackedMax(const std::vector<Stmt>& stmts, const VecPlan& plan);
   // The statements for vector lane `j` (its loads and stores through the vector plan), in a scope
   // of their own.
   void EmitLane(int j, const std::vector<Stmt>& stmts);
@@ -247,6 +256,13 @@ class CudaKernelEmitter : public CpuKernelEmitter {
   // ---- all-reduces and two-pass statistics (cuda_emit_all_reduce.cc) ----
   // Plans the exp reuse of every online-softmax two-pass accumulator that may have it.
   void PlanExpReuse();
+  // Softmax exps in kernels whose every result is rounded to f16/bf16: pass B's exp(x - max) and
+  // the later phases' exp(load - max) nodes (ExpShiftNodes) become kiln_cuda::exp_approx (one
+  // ex2.approx: relative error ~2^-22 + |x - max| * 2^-24, against the 2^-9..2^-12 of the rounding
+  // that follows), as Triton's exp; kernels with any other result keep accurate expf.
+  void PlanApproxExp();
+  // The exp of pass B: exp_approx under PlanApproxExp, else kiln_cuda::exp.
+  const char* PassBExp() const { return approx_exp_ ? "kiln_cuda::exp_approx(" : "kiln_cuda::exp("; }
   // In a later phase's element scope: the exp(x - max) nodes read the overwritten cache.
   void SeedScope();
   // Pass B of the two-pass accumulators folded in `stmts`, and the all-reduces of every
@@ -258,6 +274,8 @@ class CudaKernelEmitter : public CpuKernelEmitter {
   CudaLongRows long_rows_ = CudaLongRows::kAuto;  // this kernel's (options.kernel_long_rows)
   int64_t row_grid_ = 0;  // kBlockPerRow: the grid cap of uncached long rows (0: none)
   int shared_blocks_per_sm_ = 1;  // kSharedRow: blocks per SM by shared memory (launch bounds)
+  bool approx_exp_ = false;  // PlanApproxExp: this row's softmax exps are approximate
+  std::set<const ExprNode*> approx_exp_nodes_;  // PlanApproxExp: later phases' exp nodes
   std::map<std::string, ScalarType> smem_arrays_;  // kSharedRow: cache arrays in shared memory
   bool smem_vec_ = false;  // kSharedRow's vector rows: Vec slots filled by EmitSharedFill
   bool prefetch_rows_ = false;  // kSharedRow under CudaLongRows::kSharedPrefetch: two caches
