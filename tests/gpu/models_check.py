@@ -65,9 +65,14 @@ Because that allowance is loose where flips happen (~1e-2 for ResNet-18), fp32 t
 graph check that flips cannot reach: every kiln graph call's inputs and outputs are cloned (on the
 stream) and, after the run, each call's FX module runs in torch on its cloned inputs; the worst
 relative L2 difference of any float output (floor: 0.1 x the RMS of that call's outputs) must be
-within the output tolerance (1e-4), or the case is a MISMATCH naming the call and output. ReLU
-masks reach the backward graph as saved inputs, so both sides use the same ones (on the H200 the
-worst is ~1e-5 for ResNet-18, forward and backward alike).
+within the output tolerance (1e-4), or the case is a MISMATCH naming the call, the output and its
+FX node. ReLU masks reach the backward graph as saved inputs, so both sides use the same ones (on
+the H200 the worst is ~1e-5 for ResNet-18, forward and backward alike). Graphs with convolutions
+run their FX module a second time with 4-D inputs in channels-last, the layout of kiln's
+convolution steps, where cuDNN picks other algorithms; an output may then differ by up to twice
+what torch's two layouts differ by, where that is more than 1e-4 (ResNet-50's deepest forward
+outputs reached 9.8e-5 against the NCHW replay in two H200 runs: cuDNN's algorithms differ by that
+much over ~50 layers).
 --no-fp64-ref turns these off (and saves the float64, channels-last and jittered runs and the
 clones).
 
@@ -316,28 +321,71 @@ def graph_check_wanted(args, dtype, mode):
     return mode == "training" and dtype == "fp32" and not args.no_fp64_ref
 
 
-def check_graph_calls(records):
+def noise_text(g):
+    """The graph check's layout noise, when it raised the allowance."""
+    if g.get("allowed", 0.0) > g.get("tol", 0.0):
+        return f"; conv layout noise {g['noise']:.1e}, allowed {g['allowed']:.1e}"
+    return ""
+
+
+def output_names(gm_module):
+    """The FX graph's outputs as 'node (target)', by position ('' where an output is no node)."""
+    out = [n for n in gm_module.graph.nodes if n.op == "output"]
+    if not out:
+        return []
+    args = out[0].args[0]
+    args = args if isinstance(args, (list, tuple)) else [args]
+    names = []
+    for a in args:
+        target = getattr(a, "target", None)
+        names.append(f"{a.name} ({getattr(target, '__name__', target)})" if hasattr(a, "name") else "")
+    return names
+
+
+def has_convolutions(gm_module):
+    return any(n.op == "call_function" and "convolution" in str(n.target) for n in gm_module.graph.nodes)
+
+
+def check_graph_calls(records, tol):
     """fp32 training's graph check (see the module doc) over gm.GraphCallRecorder's records: each
-    call's FX module runs in torch on its cloned inputs. Returns (the worst relative L2 difference
-    of a float output, 'kind call N output I', calls checked); the floor is FLOOR_FRACTION x the
-    RMS of that call's float outputs, as in category_floors."""
+    call's FX module runs in torch on its cloned inputs; relative L2 differences with the floor
+    FLOOR_FRACTION x the RMS of that call's float outputs, as in category_floors. Graphs with
+    convolutions also run once more with their 4-D inputs in channels-last (the layout kiln's
+    convolution steps use, where cuDNN picks other algorithms): an output may differ from torch's
+    by twice what torch's own two layouts differ by (the layout noise), if that is more than `tol`.
+    Returns a dict: rel (the worst output's difference), allowed (its allowance), noise (its layout
+    noise), where ('kind call N output I (node)'), calls; the worst is the largest rel / allowed."""
     import torch
 
-    worst, where, calls = 0.0, "", {}
+    worst = {"rel": 0.0, "allowed": tol, "noise": 0.0, "where": "", "calls": len(records)}
+    calls = {}
     for graph, inputs, outs in records:
         calls[graph.kind_name] = calls.get(graph.kind_name, 0) + 1
+        peers = None
         with torch.no_grad():
+            if has_convolutions(graph.gm):
+                cl = [x.clone(memory_format=torch.channels_last) if isinstance(x, torch.Tensor) and x.dim() == 4
+                      else (x.clone() if isinstance(x, torch.Tensor) else x) for x in inputs]
+                peer = graph.gm(*cl)
+                peers = peer if isinstance(peer, (list, tuple)) else [peer]
+                del cl
             ref = graph.gm(*inputs)
         refs = ref if isinstance(ref, (list, tuple)) else [ref]
+        names = output_names(graph.gm)
         pairs = [(i, k, e) for i, (k, e) in enumerate(zip(outs, refs))
                  if isinstance(k, torch.Tensor) and isinstance(e, torch.Tensor) and k.is_floating_point()
                  and k.numel()]
         floor = category_floors([("all", "", e) for _, _, e in pairs]).get("all", 0.0)
         for i, k, e in pairs:
-            rel, _ = rel_err(k, e, floor)
-            if rel > worst:  # rel_err says inf for non-finite differences
-                worst, where = rel, f"{graph.kind_name} call {calls[graph.kind_name]} output {i}"
-    return worst, where, len(records)
+            rel, _ = rel_err(k, e, floor)  # inf for non-finite differences
+            noise = rel_err(peers[i], e, floor)[0] if peers is not None and i < len(peers) else 0.0
+            allowed = max(tol, 2.0 * noise) if math.isfinite(noise) else tol
+            if rel / allowed > worst["rel"] / worst["allowed"]:
+                name = names[i] if i < len(names) and names[i] else ""
+                worst.update(rel=rel, allowed=allowed, noise=noise,
+                             where=f"{graph.kind_name} call {calls[graph.kind_name]} output {i}"
+                                   + (f" {name}" if name else ""))
+    return worst
 
 
 def compare(res_k, res_e, tol):
@@ -391,9 +439,9 @@ def run_case(args, name, dtype, mode, address):
             facts = gm.kiln_facts(w.kiln, exclude=before)
         if recorder is not None:
             phase = "checking each graph call against its FX module"
-            worst_graph, where, n_calls = check_graph_calls(recorder.records)
+            graph_check = check_graph_calls(recorder.records, tol["output"])
             del recorder
-            r["graph_check"] = {"rel": worst_graph, "where": where, "tol": tol["output"], "calls": n_calls}
+            r["graph_check"] = dict(graph_check, tol=tol["output"])
         del fns, runs
         r["times"].update(eager_s=seconds["eager"], kiln_s=seconds["kiln"])
         r["facts"] = facts
@@ -439,10 +487,11 @@ def run_case(args, name, dtype, mode, address):
         r["n_tensors"] = len(rows)
         eager_graphs = (facts.get("graph_fallbacks") or 0) > 0 or (facts.get("eager_calls") or 0) > 0
         graph_check = r.get("graph_check")
-        if graph_check is not None and not graph_check["rel"] <= graph_check["tol"]:
+        if graph_check is not None and not graph_check["rel"] <= graph_check["allowed"]:
             r["status"] = "MISMATCH"
             r["detail"] = (f"graph check: {graph_check['where']} differs from its FX module run by torch on "
-                           f"the same inputs by {graph_check['rel']:.2e} (rel L2, tol {graph_check['tol']:.0e})")
+                           f"the same inputs by {graph_check['rel']:.2e} (rel L2, allowed "
+                           f"{graph_check['allowed']:.1e}{noise_text(graph_check)})")
         elif bad:
             r["status"] = "MISMATCH"
         elif any(row[4] == "ref" for row in rows):
@@ -500,9 +549,9 @@ def print_case(r):
             f"  {w['name']}{extra}")
     g = r.get("graph_check")
     if g:
-        ok = "ok" if g["rel"] <= g["tol"] else "OVER"
+        ok = "ok" if g["rel"] <= g["allowed"] else "OVER"
         log(f"    graph check: {g['calls']} kiln graph calls against their FX modules on the same inputs: worst "
-            f"rel {g['rel']:.2e} (tol {g['tol']:.0e}, {ok})" + (f"  {g['where']}" if g["where"] else ""))
+            f"rel {g['rel']:.2e} (tol {g['tol']:.0e}{noise_text(g)}, {ok})" + (f"  {g['where']}" if g["where"] else ""))
     if r.get("n_failing"):
         log(f"    {r['n_failing']} of {r['n_tensors']} tensors over tolerance, e.g.:")
         for f in r["failing"][:6]:

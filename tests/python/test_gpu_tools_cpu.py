@@ -54,13 +54,13 @@ def test_models_check_training_goes_through_the_training_spread():
 
 def test_models_check_graph_check_fails_a_case_over_its_tolerance():
     """The graph check can fail: at 1e-7 (tolerances x 0.001) GPT's fp32 rounding is over it, and
-    the case is a MISMATCH that names the graph call and output."""
+    the case is a MISMATCH that names the graph call, the output and its FX node."""
     rc, text = run_tool(GPU_TOOLS / "models_check.py", "--only", "gpt_matmul", "--dtype", "fp32", "--mode",
                         "training", "--tol-scale", "0.001")
     assert rc == 1, text[-4000:]
     assert "gpt_matmul / fp32 / training: MISMATCH" in text, text[-4000:]
-    assert re.search(r"graph check: (forward|backward) call \d output \d+ differs from its FX module", text), \
-        text[-4000:]
+    assert re.search(r"graph check: (forward|backward) call \d output \d+ \w+ \([\w.]+\) differs from its FX "
+                     r"module", text), text[-4000:]
 
 
 def test_graph_diff_defer_replays_every_call():
