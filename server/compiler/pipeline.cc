@@ -37,8 +37,10 @@ std::vector<kernel::Kernel> FrontEnd::KernelIr() const {
 absl::StatusOr<FrontEnd> LowerAndFuse(const graph::PreparedGraph& prepared, const v1::CompileRequest& request,
                                       StageTimer* timer) {
   FrontEnd fe;
-  KILN_ASSIGN_OR_RETURN(fe.ops, lower::LowerGraph(prepared.graph, prepared.fallback_nodes));
-  if (request.target().device() == v1::DEVICE_KIND_CUDA) lower::ChooseConvLayouts(&fe.ops);
+  lower::LowerOptions lower_options;
+  lower_options.gpu = request.target().device() == v1::DEVICE_KIND_CUDA;
+  KILN_ASSIGN_OR_RETURN(fe.ops, lower::LowerGraph(prepared.graph, prepared.fallback_nodes, lower_options));
+  if (lower_options.gpu) lower::ChooseConvLayouts(&fe.ops);
   timer->Done("lower");
   DumpStage("lower", lower::PrintOpGraph(fe.ops));
 

@@ -268,11 +268,12 @@ absl::StatusOr<int32_t> OutputValue(Lowerer& l, int32_t v) {
 }  // namespace
 }  // namespace internal
 
-absl::StatusOr<OpGraph> LowerGraph(const graph::Graph& graph, const std::vector<int32_t>& fallback_nodes) {
+absl::StatusOr<OpGraph> LowerGraph(const graph::Graph& graph, const std::vector<int32_t>& fallback_nodes,
+                                   const LowerOptions& options) {
   using namespace internal;  // NOLINT
   OpGraph g;
   g.graph = &graph;
-  Lowerer l(graph, &g);
+  Lowerer l(graph, &g, options);
   l.node_value.assign(graph.nodes.size(), -1);
   l.node_items.assign(graph.nodes.size(), {});
   const std::set<int32_t> fallbacks(fallback_nodes.begin(), fallback_nodes.end());

@@ -13,7 +13,9 @@
 //   * a row op (reductions sum/mean/prod/amax/amin/max/min/argmax/argmin/any/all/var/std/var_mean,
 //     _softmax, _log_softmax, native_layer_norm, mse_loss); a sum/mean/prod/amax/amin with fewer than 32
 //     outputs over >= 65536 elements each becomes two row ops (partials, then the reduction of
-//     the partials: lower_split.cc), so that a full reduction spreads over the whole machine;
+//     the partials: lower_split.cc), so that a full reduction spreads over the whole machine; on
+//     GPUs (options.gpu) a _softmax/_log_softmax over fewer than 128 rows of >= 65536 columns
+//     becomes partials, a log-sum-exp per row and a pointwise op (lower_split.cc);
 //   * an extern step (registry extern ops: mm, bmm, addmm, baddbmm, convolution, ...), or a
 //     fallback step (fallback nodes, and any op or dtype this file cannot lower; its reason is
 //     recorded). getitem nodes only select a tuple item.
@@ -30,7 +32,14 @@
 
 namespace kiln::lower {
 
-absl::StatusOr<OpGraph> LowerGraph(const graph::Graph& graph, const std::vector<int32_t>& fallback_nodes);
+struct LowerOptions {
+  // The target is a GPU: softmaxes over few long rows split over the whole GPU (three ops, see
+  // SplitFewRowSoftmax in lower_internal.h); CPUs keep one row op (a row stays in a core's cache).
+  bool gpu = false;
+};
+
+absl::StatusOr<OpGraph> LowerGraph(const graph::Graph& graph, const std::vector<int32_t>& fallback_nodes,
+                                   const LowerOptions& options = {});
 
 }  // namespace kiln::lower
 

@@ -11,6 +11,7 @@
 #include "absl/status/statusor.h"
 #include "server/base/status_macros.h"
 #include "server/graph/ir.h"
+#include "server/lower/lower.h"
 #include "server/lower/op_graph.h"
 
 namespace kiln::lower::internal {
@@ -26,9 +27,11 @@ k::ScalarType ComputeType(k::ScalarType t);
 
 class Lowerer {
  public:
-  Lowerer(const graph::Graph& graph, OpGraph* g) : graph_(graph), g_(*g) {}
+  Lowerer(const graph::Graph& graph, OpGraph* g, const LowerOptions& options = {})
+      : graph_(graph), g_(*g), options_(options) {}
 
   const graph::Graph& graph() const { return graph_; }
+  const LowerOptions& options() const { return options_; }
   OpGraph& g() { return g_; }
   // The value of tensor argument `a` (UNIMPLEMENTED unless it names a tensor node).
   absl::StatusOr<int32_t> ValueOf(const graph::Arg& a) const;
@@ -47,6 +50,7 @@ class Lowerer {
  private:
   const graph::Graph& graph_;
   OpGraph& g_;
+  LowerOptions options_;
 };
 
 // A value loaded and cast to t (f16/bf16 through f32).
@@ -125,6 +129,19 @@ struct RowBuilder {
 // partials. Deterministic (fixed order); the same result up to the order of the additions. Does
 // nothing for any other row op. Call before b.Finish().
 absl::Status SplitFewOutputReduction(Lowerer& l, RowBuilder& b);
+
+// On GPUs (options().gpu): _softmax / _log_softmax over one dim with fewer than 128 rows (fewer
+// than a GPU has SMs) of at least 65536 columns (64 x 262144 logits). One row op would leave SMs
+// idle or hold each row in a cluster that reads, reduces and writes in turn; instead three ops
+// that spread over the GPU and read the input twice: partials (each row's p chunks of >= 2048
+// columns, about 8192 partial rows in all: the online softmax's max and sum of each, [..., p, ...]
+// in the accumulator's type), a log-sum-exp per row (L = log(sum_c s_c exp(m_c)): an online
+// softmax over m_c + log(s_c)), and the node's result, pointwise: exp(x - L) or x - L. Measured
+// on the H200 (GPU time, % of a 1 GiB copy): f32 64 x 262144 49% -> 58%, bf16 32% -> 50%.
+// Returns false (nothing added) for any other case; true when the node's result is recorded.
+// Same values up to rounding: exp(x - L) instead of exp(x - max) / sum (~|L| * 2^-24 relative).
+absl::StatusOr<bool> SplitFewRowSoftmax(Lowerer& l, RowBuilder& b, int32_t x, k::ScalarType ct, k::ScalarType out,
+                                        bool log);
 
 // Each returns UNIMPLEMENTED for an op (or variant/dtype) it does not lower; nothing is added then.
 absl::Status LowerPointwiseNode(Lowerer& l, int32_t node);

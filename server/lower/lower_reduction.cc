@@ -256,9 +256,11 @@ absl::Status LowerRowNode(Lowerer& l, int32_t node_index) {
     if (!k::IsFloatType(in.dtype)) return absl::UnimplementedError("softmax of integers");
     KILN_ASSIGN_OR_RETURN(b.row.reduce_dims, Dims(n.args[1], rank));
     KILN_ASSIGN_OR_RETURN(const ScalarType out, out_type(-1));
+    const bool log = name == "_log_softmax";
+    KILN_ASSIGN_OR_RETURN(const bool split, SplitFewRowSoftmax(l, b, x, in_ct, out, log));
+    if (split) return absl::OkStatus();
     b.row.composite = true;
     b.row.accs.push_back({AccKind::kOnlineSoftmax, in_ct, LoadAs(x, in_ct)});
-    const bool log = name == "_log_softmax";
     KILN_RETURN_IF_ERROR(b.Output(-1, true, [=](LoadContext& ctx, const AccReader& a, const std::vector<Affine>& idx) {
       const ExprOr xv = LoadAs(x, in_ct)(ctx, idx);
       const ExprOr shifted = k::Sub(xv, a(0, AccField::kMax));

@@ -1,5 +1,6 @@
-// Reductions with few outputs over many elements -> two row ops (see SplitFewOutputReduction in
-// lower_internal.h).
+// Reductions with few outputs over many elements -> two row ops, and softmaxes over few long rows
+// on CUDA -> partials, a log-sum-exp per row and a pointwise op (see SplitFewOutputReduction and
+// SplitFewRowSoftmax in lower_internal.h).
 
 #include <algorithm>
 #include <optional>
@@ -16,6 +17,9 @@ constexpr int64_t kMaxOutputs = 32;         // at or above: the row kernels alre
 constexpr int64_t kMinCount = int64_t{1} << 16;  // elements per output before splitting pays
 constexpr int64_t kPartialRows = 2048;      // partial rows over all outputs (~15 per SM)
 constexpr int64_t kMinPartialLength = 2048;  // elements per partial row
+constexpr int64_t kMinSoftmaxChunk = 2048;   // softmax: columns per chunk
+constexpr int64_t kMaxSoftmaxRows = 128;     // softmax: fewer rows than a GPU has SMs
+constexpr int64_t kSoftmaxPartialRows = 8192;  // softmax: partial rows over all rows
 
 std::optional<graph::DType> ToDType(k::ScalarType t) {
   switch (t) {
@@ -35,7 +39,119 @@ int64_t LargestDivisorAtMost(int64_t n, int64_t limit) {
   return 1;
 }
 
+// A new contiguous row-op value of `dtype` and `sizes` on the node's result's device.
+absl::StatusOr<LValue> NewRowValue(Lowerer& l, const RowBuilder& b, graph::DType dtype,
+                                   const std::vector<int64_t>& sizes, const std::string& op) {
+  graph::TensorType t;
+  t.dtype = dtype;
+  int64_t stride = 1;
+  t.sizes.resize(sizes.size());
+  t.strides.resize(sizes.size());
+  for (size_t i = sizes.size(); i-- > 0;) {
+    t.sizes[i] = graph::SymExpr::Const(sizes[i]);
+    t.strides[i] = graph::SymExpr::Const(stride);
+    stride *= sizes[i];
+  }
+  t.storage_offset = graph::SymExpr::Const(0);
+  const graph::Type& result = b.node.type.kind == graph::Type::Kind::kList ? b.node.type.items[0] : b.node.type;
+  t.device = result.tensor.device;
+  t.device_index = result.tensor.device_index;
+  KILN_ASSIGN_OR_RETURN(LValue v, l.NewValue(b.node_index, t, ValueKind::kRowOutput));
+  v.op = op;
+  return v;
+}
+
 }  // namespace
+
+absl::StatusOr<bool> SplitFewRowSoftmax(Lowerer& l, RowBuilder& b, int32_t x, k::ScalarType ct, k::ScalarType out,
+                                        bool log) {
+  const RowOp& row = b.row;
+  if (row.reduce_dims.size() != 1 || b.node.type.kind != graph::Type::Kind::kTensor) return false;
+  if (!l.options().gpu) return false;
+  const std::optional<graph::DType> acc_dtype = ToDType(ct);
+  if (!acc_dtype) return false;
+  const std::vector<int64_t> domain = row.domain;
+  const int rd = row.reduce_dims[0];
+  const int64_t count = domain[rd];
+  int64_t rows = 1;
+  for (size_t i = 0; i < domain.size(); ++i) rows *= static_cast<int>(i) == rd ? 1 : domain[i];
+  if (rows >= kMaxSoftmaxRows || count < kMinCount) return false;
+  // p chunks of the row (consecutive columns), about kSoftmaxPartialRows partial rows in all, each of at
+  // least kMinSoftmaxChunk columns.
+  const int64_t p = LargestDivisorAtMost(count, std::max<int64_t>(1, std::min(kSoftmaxPartialRows / rows,
+                                                                              count / kMinSoftmaxChunk)));
+  if (p < 2) return false;
+  const int64_t inner = count / p;
+  std::vector<int64_t> part_sizes = domain;  // [..., p, ...]: the partials and the combine's domain
+  part_sizes[rd] = p;
+  std::vector<int64_t> lse_sizes;  // [...]: one log-sum-exp per row
+  for (size_t i = 0; i < domain.size(); ++i) {
+    if (static_cast<int>(i) != rd) lse_sizes.push_back(domain[i]);
+  }
+
+  // 1. Partials: the online softmax's (max, sum of exp(x - max)) of each chunk, over the domain
+  //    [..., p, inner, ...] (rd split into p and inner).
+  RowBuilder pb{l, b.node_index, b.node, RowOp{}, {}};
+  pb.row.name = row.name + "_partial";
+  pb.row.inputs = {x};
+  pb.row.domain = part_sizes;
+  pb.row.domain.insert(pb.row.domain.begin() + rd + 1, inner);
+  pb.row.reduce_dims = {rd + 1};
+  pb.row.composite = true;
+  const ElemFn xv = LoadAs(x, ct);
+  pb.row.accs.push_back({k::AccKind::kOnlineSoftmax, ct, [xv, rd, inner](LoadContext& ctx, const std::vector<Affine>& idx) {
+                           std::vector<Affine> at(idx.begin(), idx.begin() + rd);
+                           at.push_back(AffAdd(AffScale(idx[rd], inner), idx[rd + 1]));
+                           at.insert(at.end(), idx.begin() + rd + 2, idx.end());
+                           return xv(ctx, at);
+                         }});
+  for (k::AccField field : {k::AccField::kMax, k::AccField::kSum}) {
+    KILN_ASSIGN_OR_RETURN(LValue v, NewRowValue(l, pb, *acc_dtype, part_sizes, pb.row.name));
+    pb.outs.push_back(std::move(v));
+    RowOutput o;
+    o.fn = [field](LoadContext&, const AccReader& a, const std::vector<Affine>&) { return a(0, field); };
+    pb.row.outputs.push_back(std::move(o));
+  }
+  std::vector<int32_t> partials;
+  KILN_RETURN_IF_ERROR(pb.Finish(&partials));
+
+  // 2. Per row, L = log(sum_c s_c exp(m_c)), the row's log-sum-exp: an online softmax over
+  //    m_c + log(s_c) (an all -inf chunk: -inf, no weight), L = its max + log(its sum). NaN in a
+  //    row makes its L NaN; an all -inf row gives -inf.
+  RowBuilder cb{l, b.node_index, b.node, RowOp{}, {}};
+  cb.row.name = row.name + "_lse";
+  cb.row.inputs = partials;
+  cb.row.domain = part_sizes;
+  cb.row.reduce_dims = {rd};
+  const int32_t pm = partials[0], ps = partials[1];
+  cb.row.accs.push_back({k::AccKind::kOnlineSoftmax, ct, [pm, ps, ct](LoadContext& ctx, const std::vector<Affine>& idx) {
+                           return k::Add(LoadAs(pm, ct)(ctx, idx), k::Log(LoadAs(ps, ct)(ctx, idx)));
+                         }});
+  KILN_ASSIGN_OR_RETURN(LValue lse_value, NewRowValue(l, cb, *acc_dtype, lse_sizes, cb.row.name));
+  cb.outs.push_back(std::move(lse_value));
+  RowOutput lo;
+  lo.fn = [](LoadContext&, const AccReader& a, const std::vector<Affine>&) {
+    return k::Add(a(0, k::AccField::kMax), k::Log(a(0, k::AccField::kSum)));
+  };
+  cb.row.outputs.push_back(std::move(lo));
+  std::vector<int32_t> lse;
+  KILN_RETURN_IF_ERROR(cb.Finish(&lse));
+
+  // 3. The node's result, pointwise: exp(x - L) or x - L.
+  KILN_ASSIGN_OR_RETURN(LValue v, l.NewValue(b.node_index, b.node.type.tensor, ValueKind::kPointwise));
+  if (v.sizes != domain) return absl::UnimplementedError("softmax result of unexpected shape");
+  v.op = row.name;
+  v.inputs = {x, lse[0]};
+  const int32_t lv = lse[0];
+  v.elem = [xv, lv, ct, out, rd, log](LoadContext& ctx, const std::vector<Affine>& idx) {
+    std::vector<Affine> at(idx.begin(), idx.begin() + rd);
+    at.insert(at.end(), idx.begin() + rd + 1, idx.end());
+    const k::ExprOr shifted = k::Sub(xv(ctx, idx), LoadAs(lv, ct)(ctx, at));
+    return k::Cast(out, log ? shifted : k::Exp(shifted));
+  };
+  l.SetResult(b.node_index, l.Add(std::move(v)));
+  return true;
+}
 
 absl::Status SplitFewOutputReduction(Lowerer& l, RowBuilder& b) {
   RowOp& row = b.row;
@@ -102,27 +218,12 @@ absl::Status SplitFewOutputReduction(Lowerer& l, RowBuilder& b) {
   pb.row.accs.push_back({kind, row.accs[0].dtype, [value, to_domain](LoadContext& ctx, const std::vector<Affine>& idx) {
                            return value(ctx, to_domain(idx));
                          }});
-  graph::TensorType t;
-  t.dtype = *acc_dtype;
   std::vector<int64_t> sizes;
   for (int i = 0; i < static_cast<int>(domain.size()); ++i) {
     if (i == dim) sizes.push_back(p);
     if (i != dim && !reduced.count(i)) sizes.push_back(domain[i]);
   }
-  int64_t stride = 1;
-  t.sizes.resize(sizes.size());
-  t.strides.resize(sizes.size());
-  for (size_t i = sizes.size(); i-- > 0;) {
-    t.sizes[i] = graph::SymExpr::Const(sizes[i]);
-    t.strides[i] = graph::SymExpr::Const(stride);
-    stride *= sizes[i];
-  }
-  t.storage_offset = graph::SymExpr::Const(0);
-  const graph::Type& result = b.node.type.kind == graph::Type::Kind::kList ? b.node.type.items[0] : b.node.type;
-  t.device = result.tensor.device;
-  t.device_index = result.tensor.device_index;
-  KILN_ASSIGN_OR_RETURN(LValue partial, l.NewValue(b.node_index, t, ValueKind::kRowOutput));
-  partial.op = pb.row.name;
+  KILN_ASSIGN_OR_RETURN(LValue partial, NewRowValue(l, b, *acc_dtype, sizes, pb.row.name));
   pb.outs.push_back(std::move(partial));
   RowOutput po;
   po.fn = [](LoadContext&, const AccReader& a, const std::vector<Affine>&) { return a(0, k::AccField::kValue); };
