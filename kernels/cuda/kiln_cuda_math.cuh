@@ -4,7 +4,8 @@
 // Scalar math with torch's semantics for generated CUDA kernels (see server/kernel/kernel_ir.h,
 // "Semantics"), the device twin of kernels/cpu/kiln_math.h: the shared expression emitter writes
 // kiln_cpu::f / std::f, and the CUDA emitter retargets both to kiln_cuda::f, so every name used
-// there has an overload here. Accurate CUDA math (expf, erff...), never the __fast intrinsics;
+// there has an overload here. Accurate CUDA math (expf, erff...), never the __fast intrinsics
+// (one exception: exp_approx, below, for softmax exps whose results are rounded to 16 bits);
 // NaN-propagating maximum/minimum, Python floor division and remainder, trap-free integer
 // division, float -> int casts as torch on x86-64.
 
