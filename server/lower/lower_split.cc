@@ -1,5 +1,5 @@
 // Reductions with few outputs over many elements -> two row ops, and softmaxes over few long rows
-// on CUDA -> partials, a log-sum-exp per row and a pointwise op (see SplitFewOutputReduction and
+// on GPUs -> partials, a log-sum-exp per row and a pointwise op (see SplitFewOutputReduction and
 // SplitFewRowSoftmax in lower_internal.h).
 
 #include <algorithm>
@@ -76,8 +76,8 @@ absl::StatusOr<bool> SplitFewRowSoftmax(Lowerer& l, RowBuilder& b, int32_t x, k:
   int64_t rows = 1;
   for (size_t i = 0; i < domain.size(); ++i) rows *= static_cast<int>(i) == rd ? 1 : domain[i];
   if (rows >= kMaxSoftmaxRows || count < kMinCount) return false;
-  // p chunks of the row (consecutive columns), about kSoftmaxPartialRows partial rows in all, each of at
-  // least kMinSoftmaxChunk columns.
+  // p chunks of the row (consecutive columns), about kSoftmaxPartialRows partial rows in all,
+  // each of at least kMinSoftmaxChunk columns.
   const int64_t p = LargestDivisorAtMost(count, std::max<int64_t>(1, std::min(kSoftmaxPartialRows / rows,
                                                                               count / kMinSoftmaxChunk)));
   if (p < 2) return false;
@@ -90,14 +90,14 @@ absl::StatusOr<bool> SplitFewRowSoftmax(Lowerer& l, RowBuilder& b, int32_t x, k:
   }
 
   // 1. Partials: the online softmax's (max, sum of exp(x - max)) of each chunk, over the domain
-  //    [..., p, inner, ...] (rd split into p and inner).
+  //    [..., p, inner, ...] (rd split into p and inner). Not composite (one phase): a pointwise
+  //    producer of x (logits / temperature) fuses into it and into 3 instead of being realized.
   RowBuilder pb{l, b.node_index, b.node, RowOp{}, {}};
   pb.row.name = row.name + "_partial";
   pb.row.inputs = {x};
   pb.row.domain = part_sizes;
   pb.row.domain.insert(pb.row.domain.begin() + rd + 1, inner);
   pb.row.reduce_dims = {rd + 1};
-  pb.row.composite = true;
   const ElemFn xv = LoadAs(x, ct);
   pb.row.accs.push_back({k::AccKind::kOnlineSoftmax, ct, [xv, rd, inner](LoadContext& ctx, const std::vector<Affine>& idx) {
                            std::vector<Affine> at(idx.begin(), idx.begin() + rd);

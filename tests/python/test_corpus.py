@@ -351,6 +351,7 @@ case("argmax-few-long-rows", lambda x: x.argmax(-1), r(3, 70001))
 case("softmax-split-few-long-rows", lambda x: x.softmax(-1), r(4, 262144))
 case("bf16-softmax-split-few-long-rows", lambda x: x.softmax(-1), r(2, 131072, dtype=bf16))
 case("log_softmax-split-dim0", lambda x: x.log_softmax(0), r(65536, 3))
+case("log_softmax-split-scaled", lambda x: (x / 0.7).log_softmax(-1), r(4, 131072))
 case("softmax-split-inf-rows", lambda x: torch.cat([x[:1].masked_fill(x[:1] > 1, float("-inf")),
                                                     torch.full_like(x[1:2], float("-inf")),
                                                     x[2:].masked_fill(x[2:] > 3.5, float("nan"))]).softmax(-1),
@@ -468,9 +469,10 @@ def trace(name):
 # Every graph also compiles for these CUDA architectures with NVRTC (no GPU needed: kilnd
 # compiles for GPUs it does not have). Their numerics are checked on the GPU machine (tests/gpu/).
 CUDA_ARCHS = ("sm_80", "sm_90")
-# Cases whose CUDA plan has two more kernels than the CPU plan (SplitFewRowSoftmax).
+# Cases whose CUDA plan has two more kernels than the CPU plan (SplitFewRowSoftmax; a pointwise
+# producer of the logits fuses into the partials and the pointwise pass, as into the CPU's row).
 SPLIT_SOFTMAX = {"log_softmax-131072", "softmax-split-few-long-rows", "bf16-softmax-split-few-long-rows",
-                 "log_softmax-split-dim0", "softmax-split-inf-rows"}
+                 "log_softmax-split-dim0", "softmax-split-inf-rows", "log_softmax-split-scaled"}
 NVRTC = os.environ.get("KILN_NVRTC_PATH", "")
 REQUIRE_NVRTC = os.environ.get("KILN_REQUIRE_NVRTC") == "1"
 if DEVICE.startswith("cuda"):  # eager references in full fp32, like kiln's kernels
