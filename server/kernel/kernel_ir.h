@@ -39,12 +39,15 @@
 //     f16/bf16 values are data only: Load, Store, Const, Cast and Select accept them, arithmetic
 //     does not (cast to f32 first). A Cast to f16/bf16 rounds to nearest even; a Store requires the
 //     value's type to be the buffer's dtype.
-//   * Floats are IEEE with NaN and -0.0 kept; no fast-math. maximum/minimum and the max/min
-//     accumulators propagate NaN. argmax/argmin treat NaN as the extreme and return the first
-//     index of the extreme (torch's rule); the index is the row-major position in the reduction
-//     space. Welford uses the sequential (mean, M2, count) update; online softmax keeps (max, sum
-//     of exp(x - max)). Reductions over an empty space give the identity (sum 0, prod 1, max -inf
-//     or the type's lowest value, argmax index -1... never read by torch-valid graphs).
+//   * Floats are IEEE with NaN and -0.0 kept; no fast-math (one exception, the CUDA emitter's:
+//     softmax exps of kernels whose every result is f16/bf16 may be approximate, ~2^-22
+//     relative, below those types' rounding; see CudaKernelEmitter::PlanApproxExp).
+//     maximum/minimum and the max/min accumulators propagate NaN. argmax/argmin treat NaN as the
+//     extreme and return the first index of the extreme (torch's rule); the index is the
+//     row-major position in the reduction space. Welford uses the sequential (mean, M2, count)
+//     update; online softmax keeps (max, sum of exp(x - max)). Reductions over an empty space give
+//     the identity (sum 0, prod 1, max -inf or the type's lowest value, argmax index -1... never
+//     read by torch-valid graphs).
 //   * Integers: add/sub/mul/neg/abs wrap (two's complement); trunc_div rounds toward zero,
 //     floor_div and remainder follow Python (remainder has the divisor's sign), fmod the
 //     dividend's; division or remainder by zero gives 0 instead of trapping, INT_MIN / -1 wraps.
