@@ -172,6 +172,17 @@ TEST(ReduceTest, WelfordAndOnlineSoftmax) {
   OnlineSoftmax<float> n;
   for (float x : {1.0f, NAN, 2.0f}) n.Update(x);
   EXPECT_TRUE(std::isnan(n.sum));
+  // One +inf: torch's sum holds exp(inf - inf) = NaN (softmax is NaN over the row).
+  OnlineSoftmax<float> i;
+  for (float x : {1.0f, INFINITY, 2.0f}) i.Update(x);
+  EXPECT_EQ(i.max, INFINITY);
+  EXPECT_TRUE(std::isnan(i.sum));
+  OnlineSoftmaxLanes<float, 2> il;
+  for (float x : {1.0f, INFINITY, 2.0f}) il.Update(0, x);
+  il.Update(1, 3.0f);
+  OnlineSoftmax<float> ic;
+  il.CombineInto(ic);
+  EXPECT_TRUE(std::isnan(ic.sum));
 }
 
 // Batch-norm statistics of a long row in float (ResNet's N*H*W per channel): a plain sequential

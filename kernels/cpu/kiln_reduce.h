@@ -99,7 +99,8 @@ struct OnlineSoftmax {
   T sum = 0;
   void Update(T x) {
     if (x > max) {
-      sum = sum * kiln_cpu::exp(max - x) + T(1);
+      // A new maximum of +inf: its own term is exp(inf - inf), NaN as in torch.
+      sum = x == inf<T>() ? nan<T>() : sum * kiln_cpu::exp(max - x) + T(1);
       max = x;
     } else if (x <= max) {
       // While max is -inf, x is -inf too: its term is exp(-inf - final max), 0 for a finite
@@ -157,14 +158,15 @@ struct OnlineSoftmaxLanes {
   }
   // One exp per element: d = exp(-|x - max|) rescales the old sum when x is a new maximum and
   // is x's own term otherwise. NaN in x or max gives NaN (x > NaN is false and d is NaN); an x
-  // of -inf adds nothing; -inf - -inf and inf - inf are NaN as in torch.
+  // of -inf adds nothing; -inf - -inf and inf - inf are NaN as in torch (a new maximum of +inf
+  // too: its own term is exp(inf - inf)).
   void Update(int l, T x) {
     const T m = max[l];
     const bool gt = x > m;
     const T diff = x - m;
     T d = kiln_cpu::exp(gt ? -diff : diff);
     d = x == -inf<T>() ? T(0) : d;
-    sum[l] = gt ? sum[l] * d + T(1) : sum[l] + d;
+    sum[l] = gt ? (x == inf<T>() ? nan<T>() : sum[l] * d + T(1)) : sum[l] + d;
     max[l] = (gt || x != x) ? x : m;
   }
   void CombineInto(OnlineSoftmax<T>& acc) const {

@@ -97,6 +97,11 @@ TEST(CudaHelpers, OnlineSoftmaxMergeMatchesSequentialAndPropagatesNan) {
   b.Update(kiln_cuda::nan<float>());
   a.Merge(b);
   EXPECT_TRUE(std::isnan(a.max) && std::isnan(a.sum));
+  // One +inf: its term is exp(inf - inf) = NaN in torch, also when it is a new maximum.
+  kiln_cuda::OnlineSoftmax<float> c;
+  for (float v : {1.0f, kiln_cuda::inf<float>(), 2.0f}) c.Update(v);
+  EXPECT_EQ(c.max, kiln_cuda::inf<float>());
+  EXPECT_TRUE(std::isnan(c.sum));
 }
 
 TEST(CudaHelpers, ArgMaxMergeKeepsTorchsTieAndNanRules) {

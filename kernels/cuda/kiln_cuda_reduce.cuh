@@ -90,7 +90,8 @@ template <typename T> struct OnlineSoftmax {
   T sum = 0;
   KILN_DEV void Update(T x) {
     if (x > max) {
-      sum = sum * kiln_cuda::exp(max - x) + T(1);
+      // A new maximum of +inf: its own term is exp(inf - inf), NaN as in torch.
+      sum = x == inf<T>() ? nan<T>() : sum * kiln_cuda::exp(max - x) + T(1);
       max = x;
     } else if (x <= max) {
       if (max != -inf<T>()) sum += kiln_cuda::exp(x - max);
