@@ -352,6 +352,11 @@ case("softmax-split-few-long-rows", lambda x: x.softmax(-1), r(4, 262144))
 case("bf16-softmax-split-few-long-rows", lambda x: x.softmax(-1), r(2, 131072, dtype=bf16))
 case("log_softmax-split-dim0", lambda x: x.log_softmax(0), r(65536, 3))
 case("log_softmax-split-scaled", lambda x: (x / 0.7).log_softmax(-1), r(4, 131072))
+# +inf in a row makes it NaN in torch (exp(inf - inf)); some rows here have one, some none.
+case("softmax-pos-inf-rows", lambda x: x.masked_fill(x > 19.9, float("inf")).softmax(-1), r(64, 300))
+case("log_softmax-pos-inf-long-row", lambda x: x.masked_fill(x > 19.99, float("inf")).log_softmax(-1),
+     r(3, 70001))
+case("softmax-split-pos-inf", lambda x: x.masked_fill(x > 19.9995, float("inf")).softmax(-1), r(4, 65536))
 case("softmax-split-inf-rows", lambda x: torch.cat([x[:1].masked_fill(x[:1] > 1, float("-inf")),
                                                     torch.full_like(x[1:2], float("-inf")),
                                                     x[2:].masked_fill(x[2:] > 3.5, float("nan"))]).softmax(-1),
@@ -472,7 +477,8 @@ CUDA_ARCHS = ("sm_80", "sm_90")
 # Cases whose CUDA plan has two more kernels than the CPU plan (SplitFewRowSoftmax; a pointwise
 # producer of the logits fuses into the partials and the pointwise pass, as into the CPU's row).
 SPLIT_SOFTMAX = {"log_softmax-131072", "softmax-split-few-long-rows", "bf16-softmax-split-few-long-rows",
-                 "log_softmax-split-dim0", "softmax-split-inf-rows", "log_softmax-split-scaled"}
+                 "log_softmax-split-dim0", "softmax-split-inf-rows", "log_softmax-split-scaled",
+                 "softmax-split-pos-inf"}
 NVRTC = os.environ.get("KILN_NVRTC_PATH", "")
 REQUIRE_NVRTC = os.environ.get("KILN_REQUIRE_NVRTC") == "1"
 if DEVICE.startswith("cuda"):  # eager references in full fp32, like kiln's kernels
