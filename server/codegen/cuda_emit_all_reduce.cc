@@ -50,7 +50,7 @@ void CudaKernelEmitter::PlanExpReuse() {
 }
 
 void CudaKernelEmitter::PlanApproxExp() {
-  approx_exp_ = false;
+  approx_exp_.clear();
   approx_exp_nodes_.clear();
   bool stores = false, half = true;
   auto visit = [&](const std::vector<Stmt>& stmts) {
@@ -62,12 +62,16 @@ void CudaKernelEmitter::PlanApproxExp() {
   };
   for (const kernel::Phase& p : k_.phases) visit(p.stmts);
   visit(k_.body);
-  if (!stores || !half) return;
+  const bool all_half = stores && half;
   for (const auto& [id, tp] : two_pass_) {
-    bool softmax = false;
-    for (const Accumulator& a : k_.accumulators) softmax |= a.id == id && a.kind == AccKind::kOnlineSoftmax;
-    if (!softmax) continue;
-    approx_exp_ = true;
+    bool softmax = false, marked = false;
+    for (const Accumulator& a : k_.accumulators) {
+      if (a.id != id || a.kind != AccKind::kOnlineSoftmax) continue;
+      softmax = true;
+      marked = a.approx_exp;
+    }
+    if (!softmax || !(all_half || marked)) continue;
+    approx_exp_.insert(id);
     if (!tp.reuses_cache || !tp.exp_nodes.empty()) continue;  // no exps left in later phases
     absl::optional<std::vector<const ExprNode*>> nodes = ExpShiftNodes(k_, tp.phase + 1, id, tp.key);
     if (nodes) approx_exp_nodes_.insert(nodes->begin(), nodes->end());
@@ -154,10 +158,10 @@ void CudaKernelEmitter::EmitAllReduces(const std::vector<Stmt>& stmts, int64_t c
       lane_ = width_ == 1 ? -1 : j;
       const std::string x = SlotValue(two->second.array);
       if (softmax && !two->second.exp_nodes.empty()) {
-        w_.Linef(x, " = ", PassBExp(), x, " - ", acc, ".max);");  // not 16-bit (PlanExpReuse)
+        w_.Linef(x, " = ", PassBExp(s.acc.id), x, " - ", acc, ".max);");  // not 16-bit (PlanExpReuse)
         w_.Linef(acc, ".sum += ", x, ";");
       } else if (softmax) {
-        w_.Linef(acc, ".sum += ", PassBExp(), x, " - kiln_m);");
+        w_.Linef(acc, ".sum += ", PassBExp(s.acc.id), x, " - kiln_m);");
       } else {
         w_.Linef("const ", t, " kiln_d", j, " = ", x, " - ", acc, ".mean;");
         w_.Linef(acc, ".m2 += kiln_d", j, " * kiln_d", j, ";");

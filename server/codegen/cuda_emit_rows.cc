@@ -309,7 +309,7 @@ void CudaKernelEmitter::EmitRow(const VecPlan& plan, bool cache) {
   phase_ = -1;
   cache_.clear();
   two_pass_.clear();
-  approx_exp_ = false;
+  approx_exp_.clear();
   approx_exp_nodes_.clear();
   smem_vec_ = false;
   if (!k_.body.empty()) {

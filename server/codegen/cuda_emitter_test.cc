@@ -411,6 +411,18 @@ TEST(CudaEmitter, Bf16SoftmaxCachesTheWidenedRowOnceWithOneExpPerElement) {
     EXPECT_EQ(Count(f32, "exp_approx"), 0) << f32;
     EXPECT_GT(Count(f32, "kiln_cuda::exp("), 0) << f32;
   }
+  // An accumulator the lowering marked approx_exp (its results reach the graph rounded to 16 bits:
+  // a split softmax's partials) takes exp_approx although this kernel stores f32.
+  for (int64_t cols : {1024, 50257}) {
+    absl::StatusOr<Kernel> marked = kt::RowSoftmax(cols, false);
+    ASSERT_TRUE(marked.ok());
+    marked->accumulators[0].approx_exp = true;
+    const std::string f32 = EmitOne(marked, true, &launch);
+    EXPECT_GT(Count(f32, "exp_approx"), 0) << f32;
+    // (50257 columns: the scalar path for rows whose buffers lie differently reads the row twice,
+    // uncached, with the online rule and accurate exps.)
+    if (cols == 1024) EXPECT_EQ(Count(f32, "kiln_cuda::exp("), 0) << f32;
+  }
   EXPECT_EQ(Count(src, "round_bf16"), 0) << src;
   EXPECT_EQ(Count(src, "kiln_cuda::f32_to_bf16("), 9) << src;
   // Welford over a widened load: two passes over the cache, no array of its own.

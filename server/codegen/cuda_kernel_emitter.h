@@ -256,13 +256,17 @@ class CudaKernelEmitter : public CpuKernelEmitter {
   // ---- all-reduces and two-pass statistics (cuda_emit_all_reduce.cc) ----
   // Plans the exp reuse of every online-softmax two-pass accumulator that may have it.
   void PlanExpReuse();
-  // Softmax exps in kernels whose every result is rounded to f16/bf16: pass B's exp(x - max) and
-  // the later phases' exp(load - max) nodes (ExpShiftNodes) become kiln_cuda::exp_approx (one
-  // ex2.approx: relative error ~2^-22 + |x - max| * 2^-24, against the 2^-9..2^-12 of the rounding
-  // that follows), as Triton's exp; kernels with any other result keep accurate expf.
+  // Softmax exps whose results are rounded to f16/bf16 (the kernel's every result is, or the
+  // accumulator is marked approx_exp by the lowering: a 16-bit softmax fused with other results,
+  // the partials of a split one): pass B's exp(x - max) and the later phases' exp(load - max)
+  // nodes (ExpShiftNodes) become kiln_cuda::exp_approx (one ex2.approx: relative error ~2^-22 +
+  // |x - max| * 2^-24, against the 2^-9..2^-12 of the rounding that follows), as Triton's exp;
+  // other accumulators keep accurate expf.
   void PlanApproxExp();
-  // The exp of pass B: exp_approx under PlanApproxExp, else kiln_cuda::exp.
-  const char* PassBExp() const { return approx_exp_ ? "kiln_cuda::exp_approx(" : "kiln_cuda::exp("; }
+  // The exp of accumulator `id`'s pass B: exp_approx under PlanApproxExp, else kiln_cuda::exp.
+  const char* PassBExp(int id) const {
+    return approx_exp_.count(id) ? "kiln_cuda::exp_approx(" : "kiln_cuda::exp(";
+  }
   // In a later phase's element scope: the exp(x - max) nodes read the overwritten cache.
   void SeedScope();
   // Pass B of the two-pass accumulators folded in `stmts`, and the all-reduces of every
@@ -274,7 +278,7 @@ class CudaKernelEmitter : public CpuKernelEmitter {
   CudaLongRows long_rows_ = CudaLongRows::kAuto;  // this kernel's (options.kernel_long_rows)
   int64_t row_grid_ = 0;  // kBlockPerRow: the grid cap of uncached long rows (0: none)
   int shared_blocks_per_sm_ = 1;  // kSharedRow: blocks per SM by shared memory (launch bounds)
-  bool approx_exp_ = false;  // PlanApproxExp: this row's softmax exps are approximate
+  std::set<int> approx_exp_;  // PlanApproxExp: accumulators whose softmax exps are approximate
   std::set<const ExprNode*> approx_exp_nodes_;  // PlanApproxExp: later phases' exp nodes
   std::map<std::string, ScalarType> smem_arrays_;  // kSharedRow: cache arrays in shared memory
   bool smem_vec_ = false;  // kSharedRow's vector rows: Vec slots filled by EmitSharedFill

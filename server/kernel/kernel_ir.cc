@@ -412,11 +412,12 @@ Var KernelBuilder::AddReduce(Size extent) {
   return Var{VarKind::kReduce, static_cast<int32_t>(kernel_.reduce.size()) - 1};
 }
 
-Accumulator KernelBuilder::AddAccumulator(AccKind kind, ScalarType dtype) {
+Accumulator KernelBuilder::AddAccumulator(AccKind kind, ScalarType dtype, bool approx_exp) {
   Accumulator a;
   a.id = static_cast<int32_t>(kernel_.accumulators.size());
   a.kind = kind;
   a.dtype = dtype;
+  a.approx_exp = approx_exp && kind == AccKind::kOnlineSoftmax;
   kernel_.accumulators.push_back(a);
   return a;
 }

@@ -40,8 +40,9 @@
 //     does not (cast to f32 first). A Cast to f16/bf16 rounds to nearest even; a Store requires the
 //     value's type to be the buffer's dtype.
 //   * Floats are IEEE with NaN and -0.0 kept; no fast-math (one exception, the CUDA emitter's:
-//     softmax exps of kernels whose every result is f16/bf16 may be approximate, ~2^-22
-//     relative, below those types' rounding; see CudaKernelEmitter::PlanApproxExp).
+//     softmax exps of kernels whose every result is f16/bf16, or of accumulators marked
+//     approx_exp, may be approximate, ~2^-22 relative, below those types' rounding; see
+//     CudaKernelEmitter::PlanApproxExp).
 //     maximum/minimum and the max/min accumulators propagate NaN. argmax/argmin treat NaN as the
 //     extreme and return the first index of the extreme (torch's rule); the index is the
 //     row-major position in the reduction space. Welford uses the sequential (mean, M2, count)
@@ -135,6 +136,9 @@ struct Accumulator {
   int32_t id = -1;
   AccKind kind = AccKind::kSum;
   ScalarType dtype = ScalarType::kFloat32;  // the type of the values folded in (and of kValue)
+  // kOnlineSoftmax whose results reach the graph only rounded to f16/bf16 (a 16-bit softmax, or
+  // the partials of a split one): its exps may be approximate (see "Semantics" above).
+  bool approx_exp = false;
 };
 
 enum class ExprKind : uint8_t { kConst, kLoad, kScalar, kLoopVar, kUnary, kBinary, kSelect, kCast, kAccRead };
@@ -225,7 +229,7 @@ class KernelBuilder {
   Buffer AddBuffer(ScalarType dtype, Access access, Size num_elements);
   Var AddOuter(Size extent);
   Var AddReduce(Size extent);
-  Accumulator AddAccumulator(AccKind kind, ScalarType dtype);
+  Accumulator AddAccumulator(AccKind kind, ScalarType dtype, bool approx_exp = false);
   void BeginPhase();  // later statements go into a new phase
   void BeginBody();   // later statements go into the body (the default before any phase)
   void Add(const StmtOr& stmt);

@@ -93,7 +93,8 @@ std::string PrintKernel(const Kernel& k) {
     parts.clear();
     for (const Accumulator& a : k.accumulators) {
       parts.push_back(
-          absl::StrCat("a", a.id, ": ", AccKindName(a.kind), " ", ScalarTypeName(a.dtype)));
+          absl::StrCat("a", a.id, ": ", AccKindName(a.kind), " ", ScalarTypeName(a.dtype),
+                       a.approx_exp ? " approx_exp" : ""));
     }
     absl::StrAppend(&out, "  accumulators: ", absl::StrJoin(parts, ", "), "\n");
   }

@@ -150,7 +150,9 @@ absl::StatusOr<GraphKernel> Build(const OpGraph& g, const Schedule& s, int32_t g
       if (reduced[d]) dom[d] = AffVar(kb.AddReduce(k::Size::Const(gr.shape[d])));
     }
     for (int32_t r : gr.row_ops) {
-      for (const RowAcc& a : g.row_ops[r].accs) ctx.accs[r].push_back(kb.AddAccumulator(a.kind, a.dtype));
+      for (const RowAcc& a : g.row_ops[r].accs) {
+        ctx.accs[r].push_back(kb.AddAccumulator(a.kind, a.dtype, a.approx_exp));
+      }
     }
     for (int32_t r : gr.row_ops) {
       const auto& accs = g.row_ops[r].accs;

@@ -260,7 +260,8 @@ absl::Status LowerRowNode(Lowerer& l, int32_t node_index) {
     KILN_ASSIGN_OR_RETURN(const bool split, SplitFewRowSoftmax(l, b, x, in_ct, out, log));
     if (split) return absl::OkStatus();
     b.row.composite = true;
-    b.row.accs.push_back({AccKind::kOnlineSoftmax, in_ct, LoadAs(x, in_ct)});
+    // A 16-bit result: the exps may be approximate (CudaKernelEmitter::PlanApproxExp).
+    b.row.accs.push_back({AccKind::kOnlineSoftmax, in_ct, LoadAs(x, in_ct), k::IsHalfType(out)});
     KILN_RETURN_IF_ERROR(b.Output(-1, true, [=](LoadContext& ctx, const AccReader& a, const std::vector<Affine>& idx) {
       const ExprOr xv = LoadAs(x, in_ct)(ctx, idx);
       const ExprOr shifted = k::Sub(xv, a(0, AccField::kMax));

@@ -99,12 +99,14 @@ absl::StatusOr<bool> SplitFewRowSoftmax(Lowerer& l, RowBuilder& b, int32_t x, k:
   pb.row.domain.insert(pb.row.domain.begin() + rd + 1, inner);
   pb.row.reduce_dims = {rd + 1};
   const ElemFn xv = LoadAs(x, ct);
+  // A 16-bit result: the partial sums' exps may be approximate (an error of ~1e-6 in L).
+  const bool approx = k::IsHalfType(out);
   pb.row.accs.push_back({k::AccKind::kOnlineSoftmax, ct, [xv, rd, inner](LoadContext& ctx, const std::vector<Affine>& idx) {
                            std::vector<Affine> at(idx.begin(), idx.begin() + rd);
                            at.push_back(AffAdd(AffScale(idx[rd], inner), idx[rd + 1]));
                            at.insert(at.end(), idx.begin() + rd + 2, idx.end());
                            return xv(ctx, at);
-                         }});
+                         }, approx});
   for (k::AccField field : {k::AccField::kMax, k::AccField::kSum}) {
     KILN_ASSIGN_OR_RETURN(LValue v, NewRowValue(l, pb, *acc_dtype, part_sizes, pb.row.name));
     pb.outs.push_back(std::move(v));

@@ -102,6 +102,7 @@ struct RowAcc {
   k::AccKind kind = k::AccKind::kSum;
   k::ScalarType dtype = k::ScalarType::kFloat32;
   ElemFn value;  // the value folded in at a domain index (of `dtype`)
+  bool approx_exp = false;  // kOnlineSoftmax: its exps may be approximate (k::Accumulator's)
 };
 
 struct RowOutput {
