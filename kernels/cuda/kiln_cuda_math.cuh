@@ -74,9 +74,9 @@ KILN_DEV double max_nan(double a, double b) { return maximum(a, b); }
 
 // exp(x) in one MUFU instruction: ex2.approx.ftz of x * log2(e). Relative error about 2^-22 plus
 // |x| * 2^-24 (the product's rounding; x = -20: ~1.2e-6), results below 2^-126 flushed to 0;
-// exp(-inf) = 0, exp(NaN) = NaN. The emitter uses it only for softmax exps of kernels whose every
-// result is rounded to f16/bf16 (2^-11 / 2^-8 relative), as Triton's exp does for every dtype;
-// accurate expf (kiln_cuda::exp) everywhere else. Host and emulator: expf.
+// exp(-inf) = 0, exp(NaN) = NaN. The emitter uses it only for softmax exps whose results are
+// rounded to f16/bf16 (2^-11 / 2^-8 relative; CudaKernelEmitter::PlanApproxExp), as Triton's exp
+// does for every dtype; accurate expf (kiln_cuda::exp) everywhere else. Host and emulator: expf.
 KILN_DEV float exp_approx(float x) {
 #if defined(__CUDA_ARCH__)
   float r;
