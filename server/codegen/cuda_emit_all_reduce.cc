@@ -39,11 +39,7 @@ void CudaKernelEmitter::PlanExpReuse() {
     bool alone = true;
     for (const auto& [other, o] : two_pass_) alone &= other == id || o.array != tp.array;
     if (!alone) continue;
-    bool softmax = false;
-    for (const Accumulator& a : k_.accumulators) {
-      softmax |= a.id == id && a.kind == AccKind::kOnlineSoftmax;
-    }
-    if (!softmax) continue;
+    if (k_.accumulators[id].kind != AccKind::kOnlineSoftmax) continue;  // ids index it (verifier)
     absl::optional<std::vector<const ExprNode*>> nodes = ExpShiftNodes(k_, tp.phase + 1, id, tp.key);
     if (nodes && !nodes->empty()) tp.exp_nodes = std::move(*nodes);
   }
@@ -64,13 +60,8 @@ void CudaKernelEmitter::PlanApproxExp() {
   visit(k_.body);
   const bool all_half = stores && half;
   for (const auto& [id, tp] : two_pass_) {
-    bool softmax = false, marked = false;
-    for (const Accumulator& a : k_.accumulators) {
-      if (a.id != id || a.kind != AccKind::kOnlineSoftmax) continue;
-      softmax = true;
-      marked = a.approx_exp;
-    }
-    if (!softmax || !(all_half || marked)) continue;
+    const Accumulator& a = k_.accumulators[id];
+    if (a.kind != AccKind::kOnlineSoftmax || !(all_half || a.approx_exp)) continue;
     approx_exp_.insert(id);
     if (!tp.reuses_cache || !tp.exp_nodes.empty()) continue;  // no exps left in later phases
     absl::optional<std::vector<const ExprNode*>> nodes = ExpShiftNodes(k_, tp.phase + 1, id, tp.key);
