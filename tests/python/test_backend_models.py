@@ -10,6 +10,8 @@ and runs the compiled kernels. Hand-made all-aten artifacts planted through Admi
 """
 import copy
 import glob
+import os
+import shutil
 import logging
 import warnings
 
@@ -237,9 +239,69 @@ def test_graph_breaks_give_several_graphs_that_all_run(server):
     assert len([w for w in caught if issubclass(w.category, kiln.KilnWarning)]) <= 1
 
 
+def _train_step_matches_eager(compiled, model, reference, x):
+    """One forward + backward through `compiled` (of `model`) and `reference` (an eager copy):
+    outputs and every parameter's gradient within float32 tolerances."""
+    for m in (model, reference):
+        m.zero_grad()
+    out = compiled(x)
+    out.pow(2).sum().backward()
+    want = reference(x)
+    want.pow(2).sum().backward()
+    torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-5)
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=lambda m: f"{name}.grad: {m}")
+
+
+@pytest.mark.parametrize("dynamic", [None, True])
+def test_symbolic_graphs_are_compiled_per_shape(server, dynamic):
+    """Graphs that Dynamo makes symbolic (automatic dynamic shapes after a second shape, or
+    dynamic=True) are not run eagerly: kilnd compiles static shapes, so each (batch, sequence)
+    shape met gets a static specialization of the forward and backward graphs, and everything
+    matches eager."""
+    torch.manual_seed(0)
+    model = Block()
+    reference = copy.deepcopy(model)
+    compiled = torch.compile(model, backend="kiln", options={"server": server.address}, dynamic=dynamic)
+    shapes = [(2, 6, 16), (2, 9, 16), (3, 5, 16), (2, 9, 16), (4, 7, 16)]
+    compiles = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for shape in shapes:
+            _train_step_matches_eager(compiled, model, reference, torch.randn(*shape))
+            compiles.append((kiln.stats()["compiles"], kiln.stats()["requests"]))
+    assert not [str(w.message) for w in caught if issubclass(w.category, kiln.KilnWarning)]
+    s = kiln.stats()
+    assert s["graph_fallbacks"] == 0 and s["eager_calls"] == 0, s
+    assert s["plan_calls"] == 2 * len(shapes) and s["kernel_steps"] > 0
+    if dynamic:  # one Dynamo graph: a shape met before reuses its specializations
+        assert compiles[3] == compiles[2], compiles
+
+
+def test_symbolic_graph_shapes_are_capped(server):
+    """max_graphs_per_function also caps the static specializations of one symbolic graph: a
+    shape past it runs eagerly, correctly, with one warning naming the option."""
+    torch.manual_seed(0)
+    model = MLP()
+    reference = copy.deepcopy(model)
+    opts = {"server": server.address, "max_graphs_per_function": 2}
+    compiled = torch.compile(model, backend="kiln", options=opts, dynamic=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for batch in (3, 5, 7, 9):
+            _train_step_matches_eager(compiled, model, reference, torch.randn(batch, 16))
+    messages = [str(w.message) for w in caught if issubclass(w.category, kiln.KilnWarning)]
+    assert len(messages) == 1 and "max_graphs_per_function" in messages[0], messages
+    s = kiln.stats()
+    assert s["plan_calls"] == 2 * 2 and s["eager_calls"] == 2 * 2, s
+    assert s["fallbacks_by_cause"] == {"graph_limit": 2}, s["fallbacks_by_cause"]  # forward, backward
+
+
 def test_dynamic_shapes_one_graph_for_several_batch_sizes(server, tmp_path):
-    """dynamic=True: symbolic graphs reach kilnd; once a (hand-made) artifact for them is cached,
-    the same plan serves every batch size, its sizes bound from the inputs."""
+    """dynamic=True: symbolic graphs reach kilnd (which compiles static shapes only: each batch
+    size gets a static specialization meanwhile, see test_symbolic_graphs_are_compiled_per_shape);
+    once a (hand-made) artifact for the symbolic graphs is cached, the same plan serves every
+    batch size, its sizes bound from the inputs."""
     opts = {"server": server.address, "debug": True, "debug_dir": str(tmp_path)}
     torch.manual_seed(0)
     model = MLP()
@@ -251,10 +313,16 @@ def test_dynamic_shapes_one_graph_for_several_batch_sizes(server, tmp_path):
             torch.testing.assert_close(compiled(x), model(x))
             compiled(x).sum().backward()
     s = kiln.stats()
-    assert set(s["fallbacks_by_cause"]) <= {"unimplemented"}, s["fallbacks_by_cause"]
+    assert s["graph_fallbacks"] == 0 and s["eager_calls"] == 0, s
     requests = [proto.CompileRequest.FromString(open(p, "rb").read())
                 for p in glob.glob(f"{tmp_path}/*/*/request.binpb")]
-    assert requests and all(len(r.graph.symbols) > 0 for r in requests)
+    symbolic = [r for r in requests if r.graph.symbols]
+    assert len(symbolic) == 2 and len(requests) == 2 + 2 * 2  # forward, backward; per batch size
+    shutil.rmtree(tmp_path)
+    for i, r in enumerate(symbolic):
+        os.makedirs(f"{tmp_path}/symbolic/{i}")
+        with open(f"{tmp_path}/symbolic/{i}/request.binpb", "wb") as f:
+            f.write(r.SerializeToString())
     plant_aten_plans(server, tmp_path)
     torch._dynamo.reset()
     kiln.backend.reset()

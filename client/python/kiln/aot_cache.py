@@ -130,6 +130,7 @@ def _output_code_class():
                 # unpickled only if something needs it (an eager fallback, constants, a new
                 # specialization): unpickling is most of a load's time.
                 sent = proto.Graph.FromString(self._graph_bytes)
+                graph._symbolic = bool(sent.symbols)  # CompiledGraph.prepare's
                 opts = session.opts
                 request = requests.request_for_graph(opts, sent, requests.target_for_graph(sent, opts), opts.timeout)
                 graph.prepare_request(request, _LazyModule(graph))

@@ -44,6 +44,7 @@ from kiln import debug as debug_mod
 from kiln import options as options_mod
 from kiln import proto
 from kiln import server as server_mod
+from kiln import specialize as specialize_mod
 from kiln import counters as stats_mod
 from kiln.errors import KilnError, KilnWarning
 from kiln.guards import GuardFailure, InputGuard
@@ -491,12 +492,16 @@ class CompiledGraph:
         self._address = None  # the server last called
         self._eager_signatures = set()
         self._lock = threading.Lock()
+        self._symbolic = False  # symbolic shapes, sent as such (kilnd may have a plan for them)
+        self.dynamic = False  # symbolic shapes: compiled per input metadata met (kiln.specialize)
+        self._shapes_capped = False  # dynamic, and max_graphs_per_function shapes compiled
         stats_mod.add("graphs")
 
     # -- compile time ---------------------------------------------------------------------------
 
     def prepare(self):
         example_inputs, self.example_inputs = self.example_inputs, None  # not kept: fake tensors
+        self._symbolic = specialize_mod.is_symbolic(example_inputs)
         try:
             request = self._build_request(self.gm, example_inputs)
         except Exception as e:
@@ -690,7 +695,17 @@ class CompiledGraph:
 
     def _give_up(self, cause, message, *, gm=None, request=None, response=None, client=None,
                  warn=True):
-        """Marks the graph eager for `cause`: counts it, warns once per cause, or raises."""
+        """Marks the graph eager for `cause`: counts it, warns once per cause, or raises. A
+        symbolic graph that kilnd does not compile (or, in cache-only mode, has no plan for) is
+        compiled per input shape at run time instead (self.dynamic)."""
+        if self._symbolic and cause in ("unimplemented", "cache_miss") and not self.specs:
+            self._symbolic, self.dynamic = False, True
+            log.info("kiln: %s has symbolic shapes (%s): compiled per input shape at run time",
+                     self.name, _short(message))
+            if self.opts.debug:
+                self._dump(gm=gm, request=request, response=response, client=client,
+                           outcome="compiled per input shape at run time: " + message, times={})
+            return
         if self.eager_cause is None:
             stats_mod.graph_fallback(cause)
         self.eager_cause = cause
@@ -768,7 +783,7 @@ class CompiledGraph:
                 return spec, spec.guard.bind(args)
             except GuardFailure:
                 continue
-        if self.specs:  # compiled, but not for these inputs
+        if self.specs or self.dynamic:  # compiled, but not for these inputs
             spec = self._respecialize(args)
             if spec is not None:
                 return spec, spec.guard.bind(args)
@@ -818,14 +833,26 @@ class CompiledGraph:
                     return spec
                 except GuardFailure:
                     pass
-            if not self.session.fn.admit(self.opts):
+            if self.dynamic and len(self.specs) >= self.opts.max_graphs_per_function:
+                self._remember_eager(sig)
+                if not self._shapes_capped:  # counted and announced once per graph
+                    self._shapes_capped = True
+                    _shape_limit_warning(self, self.opts)
+                return None
+            if not self.dynamic and not self.session.fn.admit(self.opts):
                 self._remember_eager(sig)
                 _eager_dynamo_graph_warning(self.session.fn, self.opts)
                 return None
             stats_mod.add("graphs")
+            static = None
             try:
-                gm = _retrace(self.gm, args)
-                request = self._build_request(gm, list(args))
+                if self.dynamic:
+                    static = specialize_mod.specialize(self.gm, list(args))
+                    gm = static.gm
+                    request = self._build_request(gm, static.example_inputs)
+                else:
+                    gm = _retrace(self.gm, args)
+                    request = self._build_request(gm, list(args))
             except Exception as e:
                 self._remember_eager(sig)
                 stats_mod.graph_fallback("serialize")
@@ -835,10 +862,14 @@ class CompiledGraph:
             log.info("kiln: %s: new input metadata, compiling a new specialization", self.name)
             saved = (self.eager_cause, self.retry_at)
             spec = self._compile(request, gm)
+            if spec is None and self.dynamic and self.eager_cause == "unimplemented":
+                self.dynamic = False  # kilnd cannot compile it static either: no more shapes
             self.eager_cause, self.retry_at = saved
             if spec is None:
                 self._remember_eager(sig)
                 return None
+            if static is not None:
+                spec = _Spec(static.guard(spec.guard), static.executor(spec.executor), spec.key)
             self.specs.append(spec)
             return spec
 
@@ -857,6 +888,22 @@ def _eager_dynamo_graph_warning(fn, opts):
     with _STATE_LOCK:
         first = fn.key not in _LIMIT_WARNED
         _LIMIT_WARNED.add(fn.key)
+    if first:
+        warnings.warn("kiln: " + message, KilnWarning, stacklevel=3)
+
+
+def _shape_limit_warning(graph, opts):
+    stats_mod.graph_fallback("graph_limit")
+    fn = graph.session.fn
+    message = (f"{fn.name} has symbolic shapes and its graphs have been compiled for "
+               f"{opts.max_graphs_per_function} input shapes each (max_graphs_per_function="
+               f"{opts.max_graphs_per_function}); other shapes run eagerly. Raise the limit with "
+               "options={'max_graphs_per_function': N}, or pad inputs to fewer distinct shapes.")
+    if opts.fallback == "error":
+        raise KilnError(message)
+    with _STATE_LOCK:
+        first = ("shapes", fn.key) not in _LIMIT_WARNED
+        _LIMIT_WARNED.add(("shapes", fn.key))
     if first:
         warnings.warn("kiln: " + message, KilnWarning, stacklevel=3)
 

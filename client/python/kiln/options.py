@@ -8,7 +8,7 @@
 | cache_only                | KILN_CACHE_ONLY                | False (True: Lookup only, never compile) |
 | debug                     | KILN_DEBUG                     | False                                    |
 | debug_dir                 | KILN_DEBUG_DIR                 | ./kiln_debug                             |
-| max_graphs_per_function   | KILN_MAX_GRAPHS_PER_FUNCTION   | 8                                        |
+| max_graphs_per_function   | KILN_MAX_GRAPHS_PER_FUNCTION   | 8 (per Dynamo frame; and shapes per symbolic graph) |
 | timeout                   | KILN_TIMEOUT                   | 600 (seconds per Compile call)           |
 | retry_interval            | KILN_RETRY_INTERVAL            | 30 (seconds before an unreachable server is tried again) |
 | kilnd                     | KILN_KILND                     | `kilnd` on PATH, else the repo's bazel-bin |
