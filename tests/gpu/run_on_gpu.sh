@@ -11,6 +11,8 @@
 #          models    tests/gpu/models_check.py (GPT block, ResNet-18/50, BERT layer; fp32/bf16; train/infer)
 #          kernels   tests/gpu/cuda_kernels_check.py --cubins build/cuda_fixtures (emit_cuda_fixtures output)
 #          bench     scripts/bench_gpu.py (kernels, model steps, cold/warm compile: kiln vs eager vs Inductor)
+#          dynamic   scripts/bench_dynamic.py (a GPT block whose sequence length changes: compile cost
+#                    per new length and steady step times, kiln vs eager vs Inductor)
 #          precompile tests/gpu/precompile_check.py (kiln.precompile with CUDA hidden fills the cache
 #                    that a GPU process then hits)
 #          profile   tests/gpu/profile_model.py (one model step's GPU kernels and host time, eager vs
@@ -31,7 +33,7 @@ if [ -z "${KILN_NVRTC_PATH:-}" ]; then
     [ -f "$f" ] && { export KILN_NVRTC_PATH="$f"; break; }
   done
 fi
-python3 -m pip install -q --no-deps --no-build-isolation --target /tmp/site ./client/python >/tmp/kiln-pip.log 2>&1 \
+python3 -m pip install -q --upgrade --no-deps --no-build-isolation --target /tmp/site ./client/python >/tmp/kiln-pip.log 2>&1 \
   || { cat /tmp/kiln-pip.log; echo "run_on_gpu: installing the client failed"; exit 100; }
 export PYTHONPATH=/tmp/site:$PWD/tests/python
 export KILN_CACHE_DIR="${KILN_CACHE_DIR:-/tmp/kiln-gpu-cache}"
@@ -66,6 +68,7 @@ for step in "$@"; do
     precompile) run_step precompile python3 tests/gpu/precompile_check.py --kilnd "$KILND" "${extra[@]}" ;;
     profile) run_step profile python3 tests/gpu/profile_model.py --kilnd "$KILND" "${extra[@]}" ;;
     bench) run_step bench python3 scripts/bench_gpu.py --kilnd "$KILND" "${extra[@]}" ;;
+    dynamic) run_step dynamic python3 scripts/bench_dynamic.py --kilnd "$KILND" "${extra[@]}" ;;
     *) echo "run_on_gpu: unknown step $step"; failed=$((failed + 1)) ;;
   esac
 done

@@ -82,8 +82,16 @@ def specialize(gm, args):
             fixed.append((i, a))
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     fakes = [mode.from_tensor(a, static_shapes=True) if isinstance(a, torch.Tensor) else a for a in args]
+    results = {}  # node -> what it computed (FakeTensorProp keeps tensors' and SymInts' in
+    # meta["val"], not plain ints: torch 2.11 leaves the symbolic trace's SymInt there)
+
+    class Prop(FakeTensorProp):
+        def run_node(self, n):
+            results[n] = out = super().run_node(n)
+            return out
+
     try:
-        FakeTensorProp(copy, mode).propagate(*fakes)
+        Prop(copy, mode).propagate(*fakes)
     except Exception as e:
         first = (str(e).strip().splitlines() or [""])[0]
         raise SpecializeError(f"re-tracing with static shapes failed ({type(e).__name__}: {first})") from e
@@ -92,7 +100,7 @@ def specialize(gm, args):
             continue
         if node.op != "call_function":
             continue
-        val = node.meta.get("val")
+        val = results.get(node)
         if node.target in _ASSERT_TARGETS:
             _check_assert(node)
             graph.erase_node(node)

@@ -73,6 +73,37 @@ def test_forward_and_backward_become_static_graphs_that_compute_the_same():
     assert static.constant_outputs and all(type(v) is int for _, v in static.constant_outputs)
 
 
+def test_sizes_fold_to_what_the_nodes_computed_not_their_metadata(monkeypatch):
+    """torch 2.11's FakeTensorProp leaves a node's meta["val"] as the symbolic trace's SymInt when
+    the node now computes a plain int (2.13 replaces it): folding must use the computed values
+    (a GPT block's forward ran eagerly on the H200 before)."""
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+    graphs = _symbolic_graphs()
+    original = FakeTensorProp.run_node
+
+    def run_node_as_in_torch_2_11(self, n):
+        before = n.meta.get("val")
+        out = original(self, n)
+        if isinstance(out, (int, float, bool)) and before is not None:
+            n.meta["val"] = before
+        return out
+
+    monkeypatch.setattr(FakeTensorProp, "run_node", run_node_as_in_torch_2_11)
+    for g in graphs:
+        static = specialize.specialize(g.gm, g.real_inputs)
+        got = list(static.gm(*static.select(g.real_inputs)))
+        for k, value in static.constant_outputs:
+            got.insert(k, value)
+        want = g.gm(*g.real_inputs)
+        assert len(got) == len(want)
+        for a, b in zip(got, want):
+            if isinstance(b, torch.Tensor):
+                torch.testing.assert_close(a, b)
+            else:
+                assert a == b
+
+
 class _Recorder:
     """Stands for the static graph's guard and executor: records what reaches them."""
 
