@@ -20,6 +20,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/time.h"
 #include "server/codegen/cuda_emitter.h"
 #include "server/kernel/test_kernels.h"
 #include "server/toolchain/nvrtc.h"
@@ -270,6 +271,9 @@ int Main(int argc, char** argv) {
     return 1;
   }
   toolchain::NvrtcOptions nvrtc;
+  // All fixtures are one translation unit: ~60-75 s of NVRTC on the 2-core CI machine, more when
+  // other tests run beside it (it once passed kilnd's 2-minute default for one graph's compile).
+  nvrtc.timeout = absl::Minutes(10);
   // The worker: next to this binary in its runfiles (bazel run), else next to the binary.
   for (const std::string& candidate :
        {std::string("server/toolchain/kiln_nvrtc_worker"),

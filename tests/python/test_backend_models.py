@@ -278,6 +278,27 @@ def test_symbolic_graphs_are_compiled_per_shape(server, dynamic):
         assert compiles[3] == compiles[2], compiles
 
 
+def test_a_new_shapes_backward_is_compiled_alongside_its_forward():
+    """Training with dynamic=True: when the forward meets a new batch size, the backward's static
+    specialization for that size is sent to kilnd at once (prefetch), so the backward's own
+    request joins that compile or hits it: kilnd compiles each graph once per size."""
+    fresh_server = Kilnd()
+    try:
+        torch.manual_seed(0)
+        model = MLP()
+        reference = copy.deepcopy(model)
+        compiled = torch.compile(model, backend="kiln", options={"server": fresh_server.address}, dynamic=True)
+        for batch in (3, 5, 7):
+            _train_step_matches_eager(compiled, model, reference, torch.randn(batch, 16))
+        s = kiln.stats()
+        assert s["eager_calls"] == 0 and s["backward_prefetches"] >= 3, s
+        outcomes = server_requests(fresh_server.address)
+        assert outcomes.get("compiled") == 6, outcomes  # forward + backward per batch size, no double
+        assert outcomes.get("joined", 0) + outcomes.get("memory_hit", 0) >= 3, outcomes
+    finally:
+        assert fresh_server.stop() == 0
+
+
 def test_symbolic_graph_shapes_are_capped(server):
     """max_graphs_per_function also caps the static specializations of one symbolic graph: a
     shape past it runs eagerly, correctly, with one warning naming the option."""

@@ -16,13 +16,20 @@ match send a new compile request for that specialization. Dynamo recompiles (new
 re-specializations count toward ``max_graphs_per_function`` per Dynamo frame (default 8, like
 Dynamo's cache_size_limit); past it the function runs eagerly, with a warning.
 
+Symbolic shapes: a graph with symbolic sizes is sent as it is; when kilnd does not compile it
+(UNIMPLEMENTED; in cache-only mode, a miss), it is compiled per input shape at run time instead
+(CompiledGraph.dynamic): each new shape gets a static specialization (kiln.specialize) and a plan,
+up to ``max_graphs_per_function`` shapes per graph; shapes past that run eagerly, with a warning.
+
 Backward prefetch: AOTAutograd calls the backward compiler lazily, at the first ``backward()``.
 With option ``prefetch_backward`` (default on) the backward graph's request, built exactly as the
 backward compiler will build it, is sent to ``Compile`` from a background thread as soon as the
 partitioner has made it, so that kilnd compiles it alongside the forward; the backward compiler's
 own request then joins that compile or hits the cache (kilnd's single flight). The prefetch is
 fire-and-forget: its failures are logged at debug level and change nothing else; it is not a graph
-or a request in kiln.stats() (it is counted in ``backward_prefetches``).
+or a request in kiln.stats() (it is counted in ``backward_prefetches``). For a symbolic training
+graph, each new shape of the forward sends the backward's specialization for that shape ahead the
+same way (_Session.prefetch_backward_shape).
 See kiln.options for every option and environment variable.
 """
 
@@ -284,6 +291,7 @@ class _Session:
         # Option aot_cache: AOTAutograd caches this frame's graphs (kiln.aot_cache).
         self.aot_cached = opts.aot_cache and aot_cache.available()
         self.on_graph_loaded = None  # kiln.aot_cache calls it with each graph it loaded
+        self.symbolic_backward = None  # a symbolic backward graph, for its per-shape prefetches
 
     def compiler(self, kind):
         def compile_fn(gm, example_inputs):
@@ -310,10 +318,43 @@ class _Session:
         from torch._subclasses.fake_tensor import unset_fake_temporarily
 
         example_inputs = [n.meta["val"] for n in bw_module.graph.nodes if n.op == "placeholder"]
+        if specialize_mod.is_symbolic(example_inputs):  # its shapes are sent ahead per forward shape
+            self.symbolic_backward = (specialize_mod.graph_copy(bw_module), example_inputs)  # AOTAutograd changes it later
         with unset_fake_temporarily():  # as the lazy backward compile runs: no fake mode
             request = _compile_request(opts, self.fn, proto.GRAPH_KIND_BACKWARD, bw_module, example_inputs)
         threading.Thread(target=_send_ahead, args=(opts, request, self.fn.name), daemon=True,
                          name="kiln-prefetch-backward").start()
+        stats_mod.add("backward_prefetches")
+
+
+    def prefetch_backward_shape(self, fw_module, args):
+        """For a new shape of a symbolic forward graph (`args`: its run-time inputs): sends Compile
+        for the static specialization of the symbolic backward graph at the same symbol values, in
+        a background thread, so that kilnd compiles it alongside the forward's; the backward's own
+        specialization then joins that compile or hits the cache. Only once prefetch_backward kept a
+        symbolic backward graph; whatever fails is logged at debug level."""
+        if self.symbolic_backward is None:
+            return
+        bw_module, bw_inputs = self.symbolic_backward
+        values = specialize_mod.bind_symbols(fw_module, args)
+        opts, fn = self.opts, self.fn
+
+        def send():
+            try:
+                from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+                inputs = specialize_mod.bound_inputs(bw_inputs, values)
+                static = specialize_mod.specialize(bw_module, inputs)
+                with unset_fake_temporarily():
+                    request = _compile_request(opts, fn, proto.GRAPH_KIND_BACKWARD, static.gm,
+                                               static.example_inputs)
+            except Exception as e:
+                log.debug("kiln: backward of %s for a new shape not sent ahead (%s: %s)", fn.name,
+                          type(e).__name__, _short(e))
+                return
+            _send_ahead(opts, request, fn.name)
+
+        threading.Thread(target=send, daemon=True, name="kiln-prefetch-backward-shape").start()
         stats_mod.add("backward_prefetches")
 
 
@@ -847,6 +888,8 @@ class CompiledGraph:
             static = None
             try:
                 if self.dynamic:
+                    if self.kind == proto.GRAPH_KIND_FORWARD:
+                        self.session.prefetch_backward_shape(self.gm, list(args))
                     static = specialize_mod.specialize(self.gm, list(args))
                     gm = static.gm
                     request = self._build_request(gm, static.example_inputs)
@@ -913,10 +956,7 @@ def _retrace(gm, args):
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
-    graph = torch.fx.Graph()
-    out = graph.graph_copy(gm.graph, {})
-    graph.output(out)
-    copy = torch.fx.GraphModule(gm, graph)
+    copy = specialize_mod.graph_copy(gm)
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     fakes = [mode.from_tensor(a, static_shapes=True) if isinstance(a, torch.Tensor) else a for a in args]
     FakeTensorProp(copy, mode).propagate(*fakes)

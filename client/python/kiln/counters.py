@@ -18,7 +18,7 @@ Counted once per graph (not per call):
                    a replay (the capturing call included)
   backward_prefetches
                    backward graphs sent to Compile ahead of their first backward (option
-                   prefetch_backward); not counted in graphs or requests: the backward compiler's
+                   prefetch_backward; for symbolic graphs, once more per new shape); not counted in graphs or requests: the backward compiler's
                    own request is, and usually finds that compile in flight (joined) or done (hits)
   packages         kiln.compile (kiln.packages): packages loaded from kilnd, captured here, stored
                    in kilnd, misses (kilnd had none), stale (traced sources changed), guard_misses

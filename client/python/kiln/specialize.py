@@ -15,6 +15,7 @@ the outputs (kilnd's plans return tensors).
 
 import operator
 
+import sympy
 import torch
 
 # Nodes that only assert facts about sizes (their value is None): checked on the folded values,
@@ -61,16 +62,22 @@ def _fold(node, value):
         user.kwargs = torch.fx.node.map_arg(user.kwargs, lambda a: value if a is node else a)
 
 
+def graph_copy(gm):
+    """A GraphModule over a copy of `gm`'s graph (nodes and their meta copied; attributes shared)."""
+    graph = torch.fx.Graph()
+    out = graph.graph_copy(gm.graph, {})
+    graph.output(out)
+    return torch.fx.GraphModule(gm, graph)
+
+
 def specialize(gm, args):
     """A Specialized for `args` (the graph's run-time arguments: tensors and Python scalars);
     raises SpecializeError."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
-    graph = torch.fx.Graph()
-    out = graph.graph_copy(gm.graph, {})
-    graph.output(out)
-    copy = torch.fx.GraphModule(gm, graph)
+    copy = graph_copy(gm)
+    graph = copy.graph
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     if len(placeholders) != len(args):
         raise SpecializeError(f"the graph has {len(placeholders)} inputs, the call passed {len(args)}")
@@ -81,7 +88,7 @@ def specialize(gm, args):
         if not isinstance(a, torch.Tensor):
             fixed.append((i, a))
     mode = FakeTensorMode(allow_non_fake_inputs=True)
-    fakes = [mode.from_tensor(a, static_shapes=True) if isinstance(a, torch.Tensor) else a for a in args]
+    fakes = [_fake(mode, a) if isinstance(a, torch.Tensor) else a for a in args]
     results = {}  # node -> what it computed (FakeTensorProp keeps tensors' and SymInts' in
     # meta["val"], not plain ints: torch 2.11 leaves the symbolic trace's SymInt there)
 
@@ -133,6 +140,66 @@ def _outputs_without_scalars(graph):
     if scalars:
         out.args = (type(results)(r for r in results if not isinstance(r, _SCALARS)),)
     return scalars
+
+
+def _fake(mode, t):
+    """`t` as a static fake tensor of `mode` (a fake tensor of another mode too: bound_inputs')."""
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorConverter
+
+    if isinstance(t, FakeTensor):
+        meta = torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype, device="meta")
+        return FakeTensorConverter().from_meta_and_device(mode, meta, t.device)
+    return mode.from_tensor(t, static_shapes=True)
+
+
+def bind_symbols(gm, args):
+    """{symbol name: value} for the symbols that `gm`'s placeholders are (a SymInt input, a size
+    or stride that is exactly a symbol), from the run-time `args`."""
+    values = {}
+
+    def bind(sym, value):
+        if isinstance(sym, torch.SymInt) and getattr(sym.node.expr, "is_Symbol", False):
+            values[str(sym.node.expr)] = int(value)
+
+    for node, a in zip([n for n in gm.graph.nodes if n.op == "placeholder"], args):
+        val = node.meta.get("val")
+        if isinstance(val, torch.SymInt) and isinstance(a, int):
+            bind(val, a)
+        elif isinstance(val, torch.Tensor) and isinstance(a, torch.Tensor) and val.dim() == a.dim():
+            for sym, x in zip((*val.shape, *val.stride()), (*a.shape, *a.stride())):
+                bind(sym, x)
+    return values
+
+
+def bound_inputs(example_inputs, values):
+    """Static stand-ins for a graph's symbolic `example_inputs` (its placeholders' meta["val"])
+    under the symbol `values` (bind_symbols of a graph traced with the same symbols, by name: the forward
+    of a backward): ints, and fake tensors with the sizes and strides evaluated. Raises
+    SpecializeError when a size needs a symbol that `values` lacks."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    def concrete(x):
+        if not isinstance(x, torch.SymInt):
+            return int(x)
+        expr = x.node.expr
+        expr = sympy.sympify(expr.xreplace({sym: sympy.Integer(values[str(sym)])
+                                            for sym in expr.free_symbols if str(sym) in values}))
+        if not expr.is_number:
+            raise SpecializeError(f"size {x.node.expr} needs symbols that are not bound")
+        return int(expr)
+
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    out = []
+    for i, val in enumerate(example_inputs):
+        if isinstance(val, torch.Tensor):
+            sizes, strides = [concrete(x) for x in val.shape], [concrete(x) for x in val.stride()]
+            with mode:
+                out.append(torch.empty_strided(sizes, strides, dtype=val.dtype, device=val.device))
+        elif isinstance(val, (torch.SymInt, int)):
+            out.append(concrete(val))
+        else:
+            raise SpecializeError(f"input {i} is a {type(val).__name__}")
+    return out
 
 
 def _check_assert(node):

@@ -104,6 +104,27 @@ def test_sizes_fold_to_what_the_nodes_computed_not_their_metadata(monkeypatch):
                 assert a == b
 
 
+def test_the_backwards_inputs_follow_from_the_forwards_symbol_values():
+    """bind_symbols on the forward's run-time inputs, bound_inputs on the backward's symbolic
+    example inputs: the backward's actual input shapes (what kiln's per-shape backward prefetch
+    compiles before the backward runs), from which a static specialization is made."""
+    forward, backward = _symbolic_graphs()
+    values = specialize.bind_symbols(forward.gm, forward.real_inputs)
+    assert values and all(type(v) is int for v in values.values())
+    inputs = specialize.bound_inputs(backward.example_inputs, values)
+    assert len(inputs) == len(backward.real_inputs)
+    for got, real in zip(inputs, backward.real_inputs):
+        if isinstance(real, torch.Tensor):  # (capture's real inputs are clones: dense strides)
+            assert (tuple(got.shape), got.dtype, got.device) == (tuple(real.shape), real.dtype, real.device)
+        else:
+            assert got == real
+    ahead = specialize.specialize(backward.gm, inputs)
+    assert not specialize.is_symbolic(ahead.example_inputs)
+    assert [i for i, _ in ahead.fixed] == [i for i, a in enumerate(backward.real_inputs) if not isinstance(a, torch.Tensor)]
+    with pytest.raises(specialize.SpecializeError, match="not bound"):
+        specialize.bound_inputs(backward.example_inputs, {})
+
+
 class _Recorder:
     """Stands for the static graph's guard and executor: records what reaches them."""
 
