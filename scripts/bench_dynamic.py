@@ -161,13 +161,15 @@ def main():
                 facts = (f"{s['plan_calls']} plan calls, {s['eager_calls']} eager calls, "
                          f"{s['graph_fallbacks']} graphs eager, {s['compiles']} compiles + {s['hits']} hits")
                 if s["eager_calls"] or s["graph_fallbacks"]:
-                    problems.append(f"kiln ran graphs eagerly: {facts}; " + "; ".join(_shorter(str(x.message)) for x in w.kiln[:3]))
+                    said = "; ".join(_shorter(str(x.message)) for x in w.kiln[:3])
+                    problems.append(f"kiln ran graphs eagerly: {facts}; {said}")
             rows[name] = (first, {t: statistics.median(v) for t, v in steady.items()}, facts)
         finally:
             if server is not None:
                 server.stop()
 
-    header = ["backend", "first pass s (per length)"] + [f"T={t} ms" for t in args.lengths] + ["geomean vs Inductor", "notes"]
+    header = (["backend", "first pass s (per length)"] + [f"T={t} ms" for t in args.lengths]
+              + ["geomean vs Inductor", "notes"])
     out = []
     ind = rows.get("inductor")
     for name in backends:
@@ -179,7 +181,8 @@ def main():
                    + [gm.fmt_ms(steady[t]) for t in args.lengths] + [ratio, facts])
     gm.table(header, out)
     print("\nsteady: median step (forward + loss + backward) per length over "
-          f"{args.rounds} rounds x {args.iters} steps; geomean vs Inductor = Inductor's time / the row's (> 1: faster).")
+          f"{args.rounds} rounds x {args.iters} steps; geomean vs Inductor = Inductor's time / the "
+          "row's (> 1: faster).")
     if problems:
         print("\nMISMATCH / problems:\n- " + "\n- ".join(problems))
         return 1

@@ -59,7 +59,8 @@ def main():
         x.grad = None
         want = model(x)
         want.sum().backward()
-        same = same and torch.allclose(out, want, atol=tol, rtol=tol) and torch.allclose(grad, x.grad, atol=tol, rtol=tol)
+        same = (same and torch.allclose(out, want, atol=tol, rtol=tol)
+                and torch.allclose(grad, x.grad, atol=tol, rtol=tol))
     with torch.no_grad():
         y = torch.randn(8, 32, device=device)
         inference_ok = torch.allclose(compiled(y), model(y), atol=tol, rtol=tol)

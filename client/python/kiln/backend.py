@@ -318,14 +318,14 @@ class _Session:
         from torch._subclasses.fake_tensor import unset_fake_temporarily
 
         example_inputs = [n.meta["val"] for n in bw_module.graph.nodes if n.op == "placeholder"]
-        if specialize_mod.is_symbolic(example_inputs):  # its shapes are sent ahead per forward shape
-            self.symbolic_backward = (specialize_mod.graph_copy(bw_module), example_inputs)  # AOTAutograd changes it later
+        if specialize_mod.is_symbolic(example_inputs):
+            # Kept for prefetch_backward_shape: a copy, as AOTAutograd changes bw_module later.
+            self.symbolic_backward = (specialize_mod.graph_copy(bw_module), example_inputs)
         with unset_fake_temporarily():  # as the lazy backward compile runs: no fake mode
             request = _compile_request(opts, self.fn, proto.GRAPH_KIND_BACKWARD, bw_module, example_inputs)
         threading.Thread(target=_send_ahead, args=(opts, request, self.fn.name), daemon=True,
                          name="kiln-prefetch-backward").start()
         stats_mod.add("backward_prefetches")
-
 
     def prefetch_backward_shape(self, fw_module, args):
         """For a new shape of a symbolic forward graph (`args`: its run-time inputs): sends Compile

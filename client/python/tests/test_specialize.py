@@ -120,7 +120,8 @@ def test_the_backwards_inputs_follow_from_the_forwards_symbol_values():
             assert got == real
     ahead = specialize.specialize(backward.gm, inputs)
     assert not specialize.is_symbolic(ahead.example_inputs)
-    assert [i for i, _ in ahead.fixed] == [i for i, a in enumerate(backward.real_inputs) if not isinstance(a, torch.Tensor)]
+    ints = [i for i, a in enumerate(backward.real_inputs) if not isinstance(a, torch.Tensor)]
+    assert [i for i, _ in ahead.fixed] == ints
     with pytest.raises(specialize.SpecializeError, match="not bound"):
         specialize.bound_inputs(backward.example_inputs, {})
 
