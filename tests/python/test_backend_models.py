@@ -299,6 +299,33 @@ def test_a_new_shapes_backward_is_compiled_alongside_its_forward():
         assert fresh_server.stop() == 0
 
 
+def test_a_symbolic_graph_kiln_cannot_serialize_is_compiled_per_shape(server, monkeypatch):
+    """A symbolic graph whose size arithmetic the serializer refuses (on CUDA, SDPA's scale made
+    one such graph) still compiles per shape: the static specializations have no sizes left to
+    serialize. The refusal is forced here for every symbolic graph."""
+    from kiln import specialize
+
+    original = kiln.backend._compile_request
+
+    def refuse_symbolic(opts, fn, kind, gm, example_inputs):
+        if specialize.is_symbolic(example_inputs):
+            raise ValueError("a size expression (test): not an integer operation kiln supports")
+        return original(opts, fn, kind, gm, example_inputs)
+
+    monkeypatch.setattr(kiln.backend, "_compile_request", refuse_symbolic)
+    torch.manual_seed(0)
+    model = MLP()
+    reference = copy.deepcopy(model)
+    compiled = torch.compile(model, backend="kiln", options={"server": server.address}, dynamic=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for batch in (3, 5):
+            _train_step_matches_eager(compiled, model, reference, torch.randn(batch, 16))
+    assert not [str(w.message) for w in caught if issubclass(w.category, kiln.KilnWarning)]
+    s = kiln.stats()
+    assert s["plan_calls"] == 4 and s["eager_calls"] == 0 and s["graph_fallbacks"] == 0, s
+
+
 def test_symbolic_graph_shapes_are_capped(server):
     """max_graphs_per_function also caps the static specializations of one symbolic graph: a
     shape past it runs eagerly, correctly, with one warning naming the option."""
