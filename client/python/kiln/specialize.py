@@ -1,8 +1,8 @@
 """Static specializations of symbolic-shape graphs: kilnd compiles static shapes only, so a graph
 that Dynamo made dynamic (its automatic dynamic shapes after a second input shape,
 torch._dynamo.mark_dynamic, torch.compile(dynamic=True)) is compiled once per concrete input
-metadata met at run time, each a static graph, under the same per-function cap as Dynamo's
-recompiles (option max_graphs_per_function).
+metadata met at run time, each a static graph, up to option max_graphs_per_function shapes
+per graph (kiln.backend.CompiledGraph decides when, and keeps the specializations).
 
 specialize(gm, args) makes that static graph: the graph re-traced with `args`' metadata (fake
 tensors of static shapes), every size computation folded to its value (symbolic placeholders,
@@ -89,8 +89,9 @@ def specialize(gm, args):
             fixed.append((i, a))
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     fakes = [_fake(mode, a) if isinstance(a, torch.Tensor) else a for a in args]
-    results = {}  # node -> what it computed (FakeTensorProp keeps tensors' and SymInts' in
-    # meta["val"], not plain ints: torch 2.11 leaves the symbolic trace's SymInt there)
+    # node -> what it computed. Not meta["val"]: for a node that now computes a plain int, torch
+    # 2.11's FakeTensorProp leaves the symbolic trace's SymInt there.
+    results = {}
 
     class Prop(FakeTensorProp):
         def run_node(self, n):
@@ -103,15 +104,13 @@ def specialize(gm, args):
         first = (str(e).strip().splitlines() or [""])[0]
         raise SpecializeError(f"re-tracing with static shapes failed ({type(e).__name__}: {first})") from e
     for node in list(graph.nodes):
-        if node.op == "placeholder":
-            continue
         if node.op != "call_function":
             continue
         val = results.get(node)
         if node.target in _ASSERT_TARGETS:
             _check_assert(node)
             graph.erase_node(node)
-        elif isinstance(val, _SCALARS) and not isinstance(val, torch.Tensor):
+        elif isinstance(val, _SCALARS):
             _fold(node, val)
             graph.erase_node(node)
         elif isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool)):
@@ -173,8 +172,8 @@ def bind_symbols(gm, args):
 
 def bound_inputs(example_inputs, values):
     """Static stand-ins for a graph's symbolic `example_inputs` (its placeholders' meta["val"])
-    under the symbol `values` (bind_symbols of a graph traced with the same symbols, by name: the forward
-    of a backward): ints, and fake tensors with the sizes and strides evaluated. Raises
+    under the symbol `values` (bind_symbols, by name, of a graph traced with the same symbols: a
+    backward's forward): ints, and fake tensors with the sizes and strides evaluated. Raises
     SpecializeError when a size needs a symbol that `values` lacks."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
