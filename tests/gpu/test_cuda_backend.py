@@ -92,6 +92,19 @@ def no_kiln_warnings(caught):
     assert not messages, messages
 
 
+def train_step_matches_eager(compiled, model, ref, x):
+    """One forward + backward of compiled(x) and of ref (an eager copy of model): the output and
+    every parameter's gradient match (float32 tolerances); the gradients are then cleared."""
+    out = compiled(x)
+    out.pow(2).sum().backward()
+    want = ref(x)
+    want.pow(2).sum().backward()
+    torch.testing.assert_close(out, want, **F32)
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, **F32_GRAD)
+        p.grad = q.grad = None
+
+
 def assert_compiled_on_cuda(expect_graphs):
     s = kiln.stats()
     assert s["graphs"] == expect_graphs and s["graph_fallbacks"] == 0, s["fallbacks_by_cause"]
@@ -112,14 +125,7 @@ def test_mlp_inference_and_training(server):
             x = torch.randn(48, 64, device="cuda")
             with torch.no_grad():
                 torch.testing.assert_close(compiled(x), ref(x), **F32)
-            out = compiled(x)
-            out.pow(2).sum().backward()
-            want = ref(x)
-            want.pow(2).sum().backward()
-            torch.testing.assert_close(out, want, **F32)
-            for p, q in zip(model.parameters(), ref.parameters()):
-                torch.testing.assert_close(p.grad, q.grad, **F32_GRAD)
-                p.grad = q.grad = None
+            train_step_matches_eager(compiled, model, ref, x)
     no_kiln_warnings(caught)
     assert_compiled_on_cuda(expect_graphs=3)  # inference, forward, backward
 
@@ -137,14 +143,7 @@ def test_new_batch_sizes_compile_per_shape(server, dynamic):
         warnings.simplefilter("always")
         for batch in (48, 40, 72, 40):
             x = torch.randn(batch, 64, device="cuda")
-            out = compiled(x)
-            out.pow(2).sum().backward()
-            want = ref(x)
-            want.pow(2).sum().backward()
-            torch.testing.assert_close(out, want, **F32)
-            for p, q in zip(model.parameters(), ref.parameters()):
-                torch.testing.assert_close(p.grad, q.grad, **F32_GRAD)
-                p.grad = q.grad = None
+            train_step_matches_eager(compiled, model, ref, x)
     no_kiln_warnings(caught)
     s = kiln.stats()
     assert s["graph_fallbacks"] == 0 and s["eager_calls"] == 0 and s["plan_calls"] == 8, s

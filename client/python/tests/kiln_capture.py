@@ -62,3 +62,14 @@ def capture(model, inputs, *, dynamic=False, train=False, decompositions=None):
         out.sum().backward()
     torch._dynamo.reset()
     return captured
+
+
+def assert_same_outputs(got, want):
+    """`got` (a graph's outputs as kiln ran them) equals `want` (the FX graph's): tensors within
+    torch.testing.assert_close's default tolerances, anything else (sizes, None) exactly."""
+    assert len(got) == len(want)
+    for a, b in zip(got, want):
+        if isinstance(b, torch.Tensor):
+            torch.testing.assert_close(a, b)
+        else:
+            assert a == b

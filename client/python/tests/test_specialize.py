@@ -8,7 +8,7 @@ import torch.nn as nn
 
 from kiln import specialize
 from kiln.guards import GuardFailure
-from kiln_capture import capture
+from kiln_capture import assert_same_outputs, capture
 
 
 class Attention(nn.Module):
@@ -30,6 +30,15 @@ def _symbolic_graphs():
     graphs = capture(Attention(), [torch.randn(2, 5, 8)], dynamic=True, train=True)
     assert all(specialize.is_symbolic(g.example_inputs) for g in graphs)
     return graphs
+
+
+def _assert_computes_the_same(static, gm, args):
+    """The static graph on `args`' tensors, its folded sizes put back among the outputs, gives
+    what the symbolic `gm` gives on `args`."""
+    got = list(static.gm(*static.select(args)))
+    for k, value in static.constant_outputs:
+        got.insert(k, value)
+    assert_same_outputs(got, gm(*args))
 
 
 def _nodes(gm, op):
@@ -57,17 +66,7 @@ def test_forward_and_backward_become_static_graphs_that_compute_the_same():
             assert not isinstance(n.meta.get("val"), torch.SymInt)
         for t in static.example_inputs:
             assert not specialize.is_symbolic([t])
-        want = g.gm(*args)
-        got = static.gm(*static.select(args))
-        got = list(got)
-        for k, value in static.constant_outputs:
-            got.insert(k, value)
-        assert len(got) == len(want)
-        for a, b in zip(got, want):
-            if isinstance(b, torch.Tensor):
-                torch.testing.assert_close(a, b)
-            else:
-                assert a == b
+        _assert_computes_the_same(static, g.gm, args)
     # The forward returns sizes for the backward: they come back as the constants they are now.
     static = specialize.specialize(forward.gm, forward.real_inputs)
     assert static.constant_outputs and all(type(v) is int for _, v in static.constant_outputs)
@@ -91,17 +90,7 @@ def test_sizes_fold_to_what_the_nodes_computed_not_their_metadata(monkeypatch):
 
     monkeypatch.setattr(FakeTensorProp, "run_node", run_node_as_in_torch_2_11)
     for g in graphs:
-        static = specialize.specialize(g.gm, g.real_inputs)
-        got = list(static.gm(*static.select(g.real_inputs)))
-        for k, value in static.constant_outputs:
-            got.insert(k, value)
-        want = g.gm(*g.real_inputs)
-        assert len(got) == len(want)
-        for a, b in zip(got, want):
-            if isinstance(b, torch.Tensor):
-                torch.testing.assert_close(a, b)
-            else:
-                assert a == b
+        _assert_computes_the_same(specialize.specialize(g.gm, g.real_inputs), g.gm, g.real_inputs)
 
 
 def test_the_backwards_inputs_follow_from_the_forwards_symbol_values():
