@@ -899,7 +899,7 @@ class CompiledGraph:
                     gm = static.gm
                     request = self._build_request(gm, static.example_inputs)
                 else:
-                    gm = _retrace(self.gm, args)
+                    gm = specialize_mod.retrace(self.gm, args)[0]  # static: its metadata re-traced
                     request = self._build_request(gm, list(args))
             except Exception as e:
                 self._remember_eager(sig)
@@ -954,18 +954,6 @@ def _shape_limit_warning(graph, opts):
         _LIMIT_WARNED.add(("shapes", fn.key))
     if first:
         warnings.warn("kiln: " + message, KilnWarning, stacklevel=3)
-
-
-def _retrace(gm, args):
-    """A copy of `gm` whose node.meta["val"] describe `args` (static shapes)."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
-
-    copy = specialize_mod.graph_copy(gm)
-    mode = FakeTensorMode(allow_non_fake_inputs=True)
-    fakes = [mode.from_tensor(a, static_shapes=True) if isinstance(a, torch.Tensor) else a for a in args]
-    FakeTensorProp(copy, mode).propagate(*fakes)
-    return copy
 
 
 # -- servers ----------------------------------------------------------------------------------

@@ -70,27 +70,17 @@ def graph_copy(gm):
     return torch.fx.GraphModule(gm, graph)
 
 
-def specialize(gm, args):
-    """A Specialized for `args` (the graph's run-time arguments: tensors and Python scalars);
-    raises SpecializeError."""
+def retrace(gm, args):
+    """(a copy of `gm` whose node.meta["val"] describe `args` with static shapes, the fake inputs
+    it ran on, {node: what it computed}). The last, not meta["val"], holds the sizes: for a node
+    that now computes a plain int, torch 2.11's FakeTensorProp leaves the symbolic trace's SymInt
+    in meta["val"]. Raises what the propagation raised."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
     copy = graph_copy(gm)
-    graph = copy.graph
-    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
-    if len(placeholders) != len(args):
-        raise SpecializeError(f"the graph has {len(placeholders)} inputs, the call passed {len(args)}")
-    fixed = []  # (position, value) of the arguments that become constants
-    for i, a in enumerate(args):
-        if not isinstance(a, torch.Tensor) and not isinstance(a, _SCALARS):
-            raise SpecializeError(f"input {i} is a {type(a).__name__}")
-        if not isinstance(a, torch.Tensor):
-            fixed.append((i, a))
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     fakes = [_fake(mode, a) if isinstance(a, torch.Tensor) else a for a in args]
-    # node -> what it computed. Not meta["val"]: for a node that now computes a plain int, torch
-    # 2.11's FakeTensorProp leaves the symbolic trace's SymInt there.
     results = {}
 
     class Prop(FakeTensorProp):
@@ -98,11 +88,29 @@ def specialize(gm, args):
             results[n] = out = super().run_node(n)
             return out
 
+    Prop(copy, mode).propagate(*fakes)
+    return copy, fakes, results
+
+
+def specialize(gm, args):
+    """A Specialized for `args` (the graph's run-time arguments: tensors and Python scalars);
+    raises SpecializeError."""
+    inputs = sum(1 for n in gm.graph.nodes if n.op == "placeholder")
+    if inputs != len(args):
+        raise SpecializeError(f"the graph has {inputs} inputs, the call passed {len(args)}")
+    fixed = []  # (position, value) of the arguments that become constants
+    for i, a in enumerate(args):
+        if not isinstance(a, torch.Tensor) and not isinstance(a, _SCALARS):
+            raise SpecializeError(f"input {i} is a {type(a).__name__}")
+        if not isinstance(a, torch.Tensor):
+            fixed.append((i, a))
     try:
-        Prop(copy, mode).propagate(*fakes)
+        copy, fakes, results = retrace(gm, args)
     except Exception as e:
         first = (str(e).strip().splitlines() or [""])[0]
         raise SpecializeError(f"re-tracing with static shapes failed ({type(e).__name__}: {first})") from e
+    graph = copy.graph
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     for node in list(graph.nodes):
         if node.op != "call_function":
             continue
