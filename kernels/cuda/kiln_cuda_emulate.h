@@ -101,6 +101,49 @@ inline uint32_t ClusterWord(const uint32_t* p, unsigned rank) {
   return v;
 }
 
+// mbarriers of bulk copies (kiln_cuda_vec.cuh): the 64-bit word holds the phase (bit 63),
+// whether its one arrival came (bit 32) and the bytes still due (bits 0-31), changed under one
+// lock; a copy is a memcpy by the issuing thread, and a waiter polls the phase.
+inline std::mutex& MbarMutex() {
+  static std::mutex mu;
+  return mu;
+}
+inline void MbarCompleteLocked(uint64_t* bar) {
+  if ((*bar & (uint64_t{1} << 32)) != 0 && (*bar & 0xffffffffu) == 0) {
+    *bar = (*bar & (uint64_t{1} << 63)) ^ (uint64_t{1} << 63);  // next phase, nothing arrived
+  }
+}
+inline void MbarInit(uint64_t* bar) {
+  std::lock_guard<std::mutex> lock(MbarMutex());
+  *bar = 0;
+}
+inline void MbarExpectTx(uint64_t* bar, uint32_t bytes) {
+  std::lock_guard<std::mutex> lock(MbarMutex());
+  if ((*bar & (uint64_t{1} << 32)) != 0) std::abort();  // one arrival per phase
+  *bar += (uint64_t{1} << 32) + bytes;
+  MbarCompleteLocked(bar);
+}
+inline void BulkCopy(void* smem, const void* gmem, uint32_t bytes, uint64_t* bar) {
+  if (bytes % 16 != 0 || reinterpret_cast<uintptr_t>(smem) % 16 != 0 ||
+      reinterpret_cast<uintptr_t>(gmem) % 16 != 0) {
+    std::abort();  // the hardware's rule
+  }
+  std::memcpy(smem, gmem, bytes);
+  std::lock_guard<std::mutex> lock(MbarMutex());
+  if ((*bar & 0xffffffffu) < bytes) std::abort();  // more bytes than announced
+  *bar -= bytes;
+  MbarCompleteLocked(bar);
+}
+inline void MbarWait(uint64_t* bar, unsigned parity) {
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> lock(MbarMutex());
+      if ((*bar >> 63) != parity) return;
+    }
+    std::this_thread::yield();
+  }
+}
+
 }  // namespace kiln_emu
 
 inline thread_local kiln_emu_dim3 threadIdx, blockIdx;

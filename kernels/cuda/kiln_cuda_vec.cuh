@@ -11,6 +11,15 @@
 // to N) from global to shared memory (sm_80+: cp.async, .cg for 16 bytes, bypassing L1); the
 // bytes are there once the same thread has called cp_async_wait_all() (commit_group +
 // wait_group 0). Elsewhere (older archs, the host emulator) a plain copy and a no-op.
+// Bulk copies (sm_90+, the copy engine; kSharedRow's two row caches): mbar_init(bar) readies an
+// mbarrier of one arrival; mbar_expect_tx(bar, bytes) is that arrival, announcing the bytes the
+// copies will bring; bulk_copy(smem, gmem, bytes, bar) moves `bytes` (a multiple of 16, both
+// addresses 16-byte aligned) from global to shared memory, counting them against the barrier;
+// mbar_wait(bar, parity) returns once the barrier's phase of that parity is complete (its k-th
+// use: parity k % 2), after which the bytes are visible to the waiting thread.
+// fence_proxy_async() orders this thread's earlier shared-memory accesses before later bulk
+// copies (a cache's reads before its next fill). The host emulator runs them through kiln_emu
+// (kiln_cuda_emulate.h); other archs trap (the emitter never calls them there).
 
 #include "kernels/cuda/kiln_cuda_math.cuh"
 
@@ -63,6 +72,67 @@ KILN_DEV void cp_async_commit() {
 KILN_DEV void cp_async_wait_all() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
+#endif
+}
+
+KILN_DEV void mbar_init(uint64_t* bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const unsigned b = static_cast<unsigned>(__cvta_generic_to_shared(bar));
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(b) : "memory");
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#elif defined(KILN_CUDA_EMULATE)
+  kiln_emu::MbarInit(bar);
+#elif defined(__CUDA_ARCH__)
+  __trap();
+#endif
+}
+
+KILN_DEV void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const unsigned b = static_cast<unsigned>(__cvta_generic_to_shared(bar));
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(b), "r"(bytes) : "memory");
+#elif defined(KILN_CUDA_EMULATE)
+  kiln_emu::MbarExpectTx(bar, bytes);
+#elif defined(__CUDA_ARCH__)
+  __trap();
+#endif
+}
+
+KILN_DEV void bulk_copy(void* smem, const void* gmem, uint32_t bytes, uint64_t* bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const unsigned b = static_cast<unsigned>(__cvta_generic_to_shared(bar));
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  // Pieces of 16 KiB: the copy engine works on several at once.
+  for (uint32_t off = 0; off < bytes; off += 16384) {
+    const uint32_t n = bytes - off < 16384 ? bytes - off : 16384;
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+                 ::"r"(s + off), "l"(static_cast<const unsigned char*>(gmem) + off), "r"(n), "r"(b) : "memory");
+  }
+#elif defined(KILN_CUDA_EMULATE)
+  kiln_emu::BulkCopy(smem, gmem, bytes, bar);
+#elif defined(__CUDA_ARCH__)
+  __trap();
+#endif
+}
+
+KILN_DEV void mbar_wait(uint64_t* bar, unsigned parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const unsigned b = static_cast<unsigned>(__cvta_generic_to_shared(bar));
+  unsigned done = 0;
+  while (!done) {
+    asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(done) : "r"(b), "r"(parity) : "memory");
+  }
+#elif defined(KILN_CUDA_EMULATE)
+  kiln_emu::MbarWait(bar, parity);
+#elif defined(__CUDA_ARCH__)
+  __trap();
+#endif
+}
+
+KILN_DEV void fence_proxy_async() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 #endif
 }
 

@@ -100,6 +100,7 @@ void CudaKernelEmitter::ChooseRowLayout(const Size& rows, absl::optional<int64_t
         launch_.block = c->block;
         group_ = c->block;
         shared_blocks_per_sm_ = c->blocks_per_sm;
+        shared_buffers_ = c->buffers;
       } else if (const absl::optional<ClusterRowChoice> c =
               ChooseCluster(*total_c, rows.AsConst(), block, &row_grid_)) {
         // A row over the blocks of a cluster: slots for the block all-reduce, then the two
@@ -153,6 +154,7 @@ ClusterRowFacts CudaKernelEmitter::LongRowFacts(int64_t total, absl::optional<in
   facts.rows = rows;
   int64_t element_bytes = 0;
   facts.recurring_loads = RecurringLoads(&element_bytes);
+  facts.other_loads = static_cast<int>(RowLoads().size()) - facts.recurring_loads;
   facts.row_bytes = element_bytes * total;
   facts.element_bytes = element_bytes;
   if (k_.reduce.size() == 1) {
@@ -193,7 +195,10 @@ ClusterRowLimits CudaKernelEmitter::LongRowLimits(bool shifted_rows, int shifted
   limits.static_shared_bytes = smem_bytes_;
   limits.shared_row_blocks_per_sm = cuda_.shared_row_blocks_per_sm;
   limits.shared_row_block = cuda_.shared_row_block;
-  limits.shared_row_buffers = long_rows_ == CudaLongRows::kSharedPrefetch ? 2 : 1;
+  limits.shared_row_buffers = long_rows_ == CudaLongRows::kSharedPrefetch ? 2
+                              : long_rows_ == CudaLongRows::kAuto        ? 0
+                                                                         : 1;
+  limits.bulk_copies = ArchHasBulkCopies(cuda_.arch);
   return limits;
 }
 

@@ -53,7 +53,7 @@ void CudaKernelEmitter::EmitRows() {
       w_.Line("const int kiln_lane = threadIdx.x;");
       if (launch_.layout == CudaLayout::kSharedRow) {
         w_.Line("unsigned char* const kiln_dsmem = kiln_cuda::dynamic_smem();");
-        prefetch_rows_ = long_rows_ == CudaLongRows::kSharedPrefetch;
+        prefetch_rows_ = shared_buffers_ == 2;
         if (prefetch_rows_) {
           w_.Line("int kiln_buf = 0;  // this row's cache (of two)");
           w_.Line("bool kiln_ready = false;  // its fill was started by the row before");

@@ -107,6 +107,13 @@
 //     are not a cached load keep registers (within the budget) or the online rule. The grid is
 //     one wave of blocks over the SMs, as many as fit by shared memory
 //     (__launch_bounds__(block, that many)), grid-stride over the rows.
+//     Two caches (sm_90+, where every cached load is a 16-byte vector, no other load runs along
+//     the row and both fit one block; ChooseSharedRows): one block per SM; thread 0 fills a
+//     row's cache by bulk copies (the copy engine, counted on that cache's mbarrier) of the
+//     chunks wholly within the row and loads the partial edge chunks into registers; at each
+//     row's phase 0 it stores that row's edges, a block barrier follows (every read of the other
+//     cache is done), it starts the next row's fill into the other cache, and every thread waits
+//     on this cache's mbarrier. The next row's HBM reads overlap this row's phases and stores.
 //
 // Guarantees: as the CPU emitter (names generated only; no graph strings; constants exact).
 // Accumulation is fp32 for f16/bf16 data (the IR's accumulators are f32/f64); NaN propagates.
@@ -124,17 +131,18 @@ namespace kiln::codegen {
 // Rows too long for one block's registers (cuda_long_rows.h; clusters on sm_90+ only).
 enum class CudaLongRows {
   kAuto,         // cuda_long_rows.h decides: rows enough whose cache fits shared memory take
-                 // kSharedRow, few rows (and longer ones) clusters
+                 // kSharedRow (two caches with bulk fills where they fit on sm_90+, see
+                 // kSharedRow below), few rows (and longer ones) clusters
   kBlockPerRow,  // never kClusterRow: one block per row (uncached past its registers; pass 2
                  // re-reads the row, from L2 when the grid keeps few enough rows in flight)
   kCluster,      // kClusterRow wherever a cluster's registers hold the row (rows2's choice)
-  kShared,       // kSharedRow wherever some load recurs along a static row and its cache fits
-                 // one block's shared memory (at one block per SM if need be); elsewhere as
-                 // kCluster (sm_90+) or one uncached block
-  kSharedPrefetch,  // as kShared with two row caches per block: a thread's vector row fills the
-                    // cache of its block's next row (cp.async, not waited for) before the
-                    // current row's phases, so that row's loads are in flight while this one
-                    // reduces and stores (experimental: fixtures <name>_smp)
+  kShared,       // kSharedRow with one cache wherever some load recurs along a static row and
+                 // its cache fits one block's shared memory (at one block per SM if need be);
+                 // elsewhere as kCluster (sm_90+) or one uncached block (fixtures <name>_sm)
+  kSharedPrefetch,  // as kShared with two row caches per block, the block's next row filled
+                    // into the other while this one reduces and stores: by bulk copies on
+                    // sm_90+ with 16-byte vectors (kAuto's choice where it fits), else each
+                    // thread's cp.async, not waited for (fixtures <name>_smp)
 };
 
 struct CudaEmitOptions {

@@ -18,11 +18,13 @@ namespace kt = ::kiln::kernel::testing;
 // The kernel's function alone (no prelude). KILN_PRINT_GOLDEN=1 prints it, to update the
 // expectations below intentionally.
 std::string EmitOne(const absl::StatusOr<Kernel>& k, bool vectorize = true,
-                    CudaLaunch* launch = nullptr, bool tile = true) {
+                    CudaLaunch* launch = nullptr, bool tile = true,
+                    CudaLongRows long_rows = CudaLongRows::kAuto) {
   EXPECT_TRUE(k.ok()) << k.status();
   if (!k.ok()) return "";
   EXPECT_TRUE(VerifyKernel(*k).ok());
   CudaEmitOptions options;
+  options.long_rows = long_rows;
   options.include_prelude = false;
   options.vectorize = vectorize;
   options.tile = tile;
@@ -704,8 +706,9 @@ extern "C" __global__ void __launch_bounds__(512, 2) kiln_kernel_0(const uint16_
   }
 }
 )");
-  // Vectors of 8 shifted to each row's alignment: 13 chunks of 8 slots per thread (104 KiB).
-  src = EmitOne(kt::RowSoftmaxBf16(50257), /*vectorize=*/true, &launch);
+  // Vectors of 8 shifted to each row's alignment: 13 chunks of 8 slots per thread (104 KiB), one
+  // cache a block (kShared; by default sm_90 takes two, below).
+  src = EmitOne(kt::RowSoftmaxBf16(50257), /*vectorize=*/true, &launch, true, CudaLongRows::kShared);
   EXPECT_EQ(launch.layout, CudaLayout::kSharedRow);
   EXPECT_EQ(launch.vector_width, 8);
   EXPECT_EQ(launch.shared_bytes, 13 * 8 * 512 * 2);
@@ -740,10 +743,41 @@ extern "C" __global__ void __launch_bounds__(512, 2) kiln_kernel_0(const uint16_
   EXPECT_EQ(Count(src, "if (kiln_rb >= 0 && kiln_rb + 8 <= 50257)"), 4) << "fill, phase 0, pass B, phase 1";
   EXPECT_EQ(Count(src, "acc0.sum += kiln_cuda::exp_approx(kiln_cuda::bf16_lane<7, 8>(kiln_x) - kiln_m);"), 2)
       << "vector and edge lanes";
-  // A layer norm's Welford reads the cached bf16 row in its pass B too.
+  // By default (sm_90: bulk copies, and two caches fit a block): one block per SM with two
+  // caches and their mbarriers. Thread 0 fills a block's first row, stores the row's edge chunks
+  // from registers, a barrier, then it starts the next row's fill into the other cache (the
+  // edges into registers), and every thread waits for this row's cache: no cp.async, and the
+  // phases read the cache as above.
+  src = EmitOne(kt::RowSoftmaxBf16(50257), /*vectorize=*/true, &launch);
+  EXPECT_EQ(launch.layout, CudaLayout::kSharedRow);
+  EXPECT_EQ(launch.shared_bytes, 2 * 13 * 8 * 512 * 2 + 16);
+  EXPECT_EQ(launch.max_grid, 132);
+  EXPECT_TRUE(absl::StrContains(src, "__launch_bounds__(512, 1)")) << src;
+  EXPECT_EQ(Count(src, "cp_async"), 0) << src;
+  EXPECT_EQ(Count(src, "kiln_cuda::mbar_init(kiln_bars"), 2);
+  EXPECT_EQ(Count(src, "kiln_cuda::bulk_copy(&kiln_c0[kiln_f0], b0 + (o0 * 50257 + r0), "
+                       "static_cast<uint32_t>((kiln_f1 - kiln_f0) * 16), kiln_bars + "), 2)
+      << "a block's first row, and the next row";
+  EXPECT_EQ(Count(src, "kiln_c0_tail.v[7] = b0[o0 * 50257 + r0];"), 2);
+  EXPECT_EQ(Count(src, "kiln_c0_head.v[0] = b0[o0 * 50257 + r0];"), 2);
+  const size_t edges = src.find("if (kiln_sh > 0) kiln_c0[0] = kiln_c0_head;");
+  const size_t barrier = src.find("__syncthreads();  // the edges are in");
+  const size_t next = src.find("kiln_cuda::fence_proxy_async();");
+  const size_t wait = src.find("kiln_cuda::mbar_wait(kiln_bars + kiln_buf, (kiln_parity >> kiln_buf) & 1u);");
+  ASSERT_NE(edges, std::string::npos) << src;
+  EXPECT_LT(edges, barrier);
+  EXPECT_LT(barrier, next);
+  EXPECT_LT(next, wait);
+  EXPECT_LT(wait, src.find("acc0.max = kiln_cuda::max_nan"));
+  EXPECT_TRUE(absl::StrContains(src, "reinterpret_cast<kiln_cuda::Vec<uint16_t, 8>*>(kiln_dsmem + 0 + (kiln_buf ^ 1) * 106496);"))
+      << "the next row's fill goes to the other cache";
+  // A layer norm's Welford reads the cached bf16 row in its pass B too; its phase 1 loads the
+  // weight and bias along the row, so one cache and two blocks per SM (their warps hide those
+  // loads' latency).
   src = EmitOne(kt::LayerNormBf16(50257, 1e-5f), /*vectorize=*/true, &launch);
   EXPECT_EQ(launch.layout, CudaLayout::kSharedRow);
   EXPECT_EQ(launch.shared_bytes, 13 * 8 * 512 * 2);
+  EXPECT_EQ(launch.max_grid, 264);
   EXPECT_TRUE(absl::StrContains(src, ".mean;")) << src;
   // f32 rows too long for registers take one block per SM (by default too); f32 65536 columns
   // (256 KiB) fit no block and stay a cluster.

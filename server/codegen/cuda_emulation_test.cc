@@ -471,6 +471,17 @@ TEST(CudaEmulation, SharedRowKernelsWithTheNextRowPrefetchedMatchTheCpuKernels) 
   for (Case& c : SharedCases()) {
     if (c.name != "shared_log_softmax_50257") cases.push_back(std::move(c));  // 2 x 201 KB: no
   }
+  std::vector<Kernel> kernels;
+  for (const Case& c : cases) kernels.push_back(*c.kernel);
+  absl::StatusOr<CudaSource> cuda = EmitCudaSource(kernels, options);
+  ASSERT_TRUE(cuda.ok()) << cuda.status();
+  // sm_90: the vector rows of 16-byte vectors fill by bulk copies (kiln_emu's mbarriers).
+  int bulk = 0;
+  for (size_t at = cuda->source.find("kiln_cuda::bulk_copy(&"); at != std::string::npos;
+       at = cuda->source.find("kiln_cuda::bulk_copy(&", at + 1)) {
+    ++bulk;
+  }
+  EXPECT_GE(bulk, 10);
   RunCases(std::move(cases), options, Expect::kShared);
 }
 

@@ -234,6 +234,16 @@ class CudaKernelEmitter : public CpuKernelEmitter {
   // Declares smem_decls_' cache arrays over kiln_dsmem, each at its offset plus `cache_offset`
   // (code: "" for the one cache, " + kiln_buf * N" for this row's of two...).
   void EmitSmemDecls(const std::string& cache_offset);
+  // Two caches on sm_90+ where every load filled is a 16-byte vector of the plan: EmitBulkFill
+  // instead. Thread 0 fills a row's cache by bulk copies (the copy engine) counted on that
+  // cache's mbarrier, the row's partial edge chunks (shifted rows) by loads into registers that it
+  // stores at that row's phase 0; a barrier, then thread 0 starts the next row's fill into the
+  // other cache, and every thread waits on this cache's mbarrier. Nothing outside a row is read.
+  bool BulkFillable(const std::vector<const CacheEntry*>& fill, const VecPlan& plan) const;
+  // The scope of the block's next row (kiln_ready set; its outer indices, shift and cache arrays
+  // over the other cache, under `if (kiln_ready<also>)`), in which `fill` starts its fill.
+  void EmitNextRow(const VecPlan& plan, const std::string& also, absl::FunctionRef<void()> fill);
+  void EmitBulkFill(const std::vector<const CacheEntry*>& fill, const VecPlan& plan, int64_t total);
   // The fill loop over `fill`'s slots (no wait).
   void EmitSharedFillLoop(const std::vector<const CacheEntry*>& fill, const VecPlan& plan,
                           int64_t chunks, int64_t total);
@@ -278,11 +288,13 @@ class CudaKernelEmitter : public CpuKernelEmitter {
   CudaLongRows long_rows_ = CudaLongRows::kAuto;  // this kernel's (options.kernel_long_rows)
   int64_t row_grid_ = 0;  // kBlockPerRow: the grid cap of uncached long rows (0: none)
   int shared_blocks_per_sm_ = 1;  // kSharedRow: blocks per SM by shared memory (launch bounds)
+  int shared_buffers_ = 1;        // kSharedRow: row caches per block (2: prefetch_rows_)
+  bool bulk_declared_ = false;    // EmitBulkFill's mbarriers and edge registers are hoisted
   std::set<int> approx_exp_;  // PlanApproxExp: accumulators whose softmax exps are approximate
   std::set<const ExprNode*> approx_exp_nodes_;  // PlanApproxExp: later phases' exp nodes
   std::map<std::string, ScalarType> smem_arrays_;  // kSharedRow: cache arrays in shared memory
   bool smem_vec_ = false;  // kSharedRow's vector rows: Vec slots filled by EmitSharedFill
-  bool prefetch_rows_ = false;  // kSharedRow under CudaLongRows::kSharedPrefetch: two caches
+  bool prefetch_rows_ = false;  // kSharedRow with two caches (shared_buffers_ == 2)
   int64_t smem_cache_bytes_ = 0;  // kSharedRow: bytes of one row cache (the other's offset)
   struct SmemDecl {
     std::string name, type;  // a cache array (Slot's) and its element type

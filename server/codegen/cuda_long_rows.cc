@@ -84,7 +84,15 @@ absl::optional<SharedRowChoice> ChooseSharedRows(const ClusterRowFacts& facts,
   }
   SharedRowChoice c;
   c.block = std::max(32, std::min(limits.shared_row_block, limits.max_row_block)) / 32 * 32;
-  c.bytes = SharedRowBytes(facts, c.block) * std::max(1, limits.shared_row_buffers);
+  const int64_t cache = SharedRowBytes(facts, c.block);
+  c.buffers = std::max(1, limits.shared_row_buffers);
+  if (limits.shared_row_buffers == 0) {
+    const bool vectors16 = facts.vector_width * facts.element_bytes == 16 * facts.recurring_loads;
+    const bool fit2 = 2 * cache + kSharedBulkBytes + limits.static_shared_bytes <=
+                      limits.max_shared_bytes_per_block;
+    c.buffers = limits.bulk_copies && vectors16 && facts.other_loads == 0 && fit2 ? 2 : 1;
+  }
+  c.bytes = cache * c.buffers + (c.buffers == 2 ? kSharedBulkBytes : 0);
   const int64_t per_block = c.bytes + limits.static_shared_bytes;
   if (per_block > limits.max_shared_bytes_per_block) return absl::nullopt;
   const int64_t by_smem = limits.shared_bytes_per_sm / (per_block + limits.reserved_shared_bytes);

@@ -51,6 +51,8 @@ struct ClusterRowFacts {
   int64_t length = 0;                 // the (static) reduction length of a row
   absl::optional<int64_t> rows;       // the number of rows, when static
   int recurring_loads = 0;            // loads along the row that later phases read again
+  int other_loads = 0;                // loads along the row read in one phase only (not cached:
+                                      // a layer norm's weight and bias)
   int vector_width = 1;               // elements per vector access along the row (1: scalar)
   int64_t row_bytes = 0;              // bytes of the recurring loads of one row (what pass 2
                                       // of an uncached row reads again)
@@ -88,8 +90,23 @@ struct ClusterRowLimits {
   // ~226 KiB at one block per SM on sm_90; 2: ~112 KiB; 0: never automatically).
   int shared_row_blocks_per_sm = 1;
   int shared_row_block = 512;  // threads per block (at most max_row_block)
-  int shared_row_buffers = 1;  // row caches per block (2: CudaLongRows::kSharedPrefetch)
+  // Row caches per block: 1, 2 (CudaLongRows::kSharedPrefetch), or 0: two where the arch has bulk
+  // copies (bulk_copies), every recurring load is a 16-byte vector, no other load runs along the
+  // row and two caches fit one block, else one (CudaLongRows::kAuto; see kSharedBulkBytes below).
+  int shared_row_buffers = 1;
+  bool bulk_copies = false;  // the arch has cp.async.bulk (sm_90+: ArchHasBulkCopies)
 };
+
+// Two row caches with bulk fills (cuda_kernel_emitter.h, EmitSharedFill): the block's next row is
+// copied into the other cache by the copy engine while this row reduces and stores. Measured on
+// the H200 (scratch kernel beside the kSharedRow fixture, 2026-11-22): softmax bf16 4096 x 50257
+// at 85.6-86.8% of copy against 80-81% with one cache and two blocks per SM, 69% with the next
+// row filled by each thread's cp.async instead. Not where a later phase also loads along the row
+// from global memory: layer norm bf16 4096 x 50257 (weight and bias) ran at 39.3% with two caches
+// in one block per SM against 43.8% with one cache and two blocks (those loads' latency wants
+// the second block's warps). The dynamic shared memory's two mbarriers follow the caches:
+// kSharedBulkBytes more per block.
+inline constexpr int64_t kSharedBulkBytes = 16;
 
 // Shared memory of an arch: per SM and the most one block may have (opt-in), in bytes; zeros for
 // archs before sm_80 or unknown ones (no shared rows).
@@ -103,6 +120,7 @@ struct SharedRowChoice {
   int block = 1;             // threads per block
   int64_t bytes = 0;         // dynamic shared memory per block: the row caches
   int blocks_per_sm = 1;     // blocks that fit an SM by shared memory and threads (the grid cap)
+  int buffers = 1;           // row caches per block (2: the next row's fill in flight)
 };
 
 // The shared-row layout for a row kernel of static length, or nullopt (see above). `forced`
@@ -122,6 +140,8 @@ struct ClusterRowChoice {
 
 // Whether `arch` ("sm_90", "sm_90a", "sm_100"...) has thread-block clusters (sm_90 and later).
 bool ArchHasClusters(const std::string& arch);
+// Whether `arch` has bulk copies into shared memory (cp.async.bulk: sm_90 and later).
+inline bool ArchHasBulkCopies(const std::string& arch) { return ArchHasClusters(arch); }
 
 // The blocks per row: enough that every recurring load of the row fits in the registers the
 // emitter caches (<= row_values per thread per load, rounded to vectors), and, for fewer rows

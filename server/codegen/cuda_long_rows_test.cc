@@ -247,6 +247,45 @@ TEST(ChooseSharedRows, ForcedWheneverTheCacheFitsOneBlock) {
   EXPECT_EQ(c->blocks_per_sm, 4);
 }
 
+TEST(ChooseSharedRows, TwoCachesWithBulkCopiesWhereTheyFitOneBlock) {
+  ClusterRowLimits limits;
+  limits.static_shared_bytes = 256;
+  limits.shared_row_buffers = 0;  // kAuto
+  limits.bulk_copies = true;      // sm_90
+  // bf16 50257: two 104 KiB caches and the mbarriers in one block per SM.
+  absl::optional<SharedRowChoice> c = ChooseSharedRows(Row(50264, int64_t{4096}, 8, 2), limits, false);
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->buffers, 2);
+  EXPECT_EQ(c->bytes, 2 * 106496 + kSharedBulkBytes);
+  EXPECT_EQ(c->blocks_per_sm, 1);
+  // No bulk copies (sm_80 or an older arch): one cache, two blocks per SM as before.
+  ClusterRowLimits no_bulk = limits;
+  no_bulk.bulk_copies = false;
+  c = ChooseSharedRows(Row(50264, int64_t{4096}, 8, 2), no_bulk, false);
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->buffers, 1);
+  EXPECT_EQ(c->blocks_per_sm, 2);
+  // Other loads along the row (a layer norm's weight and bias): one cache, two blocks per SM.
+  ClusterRowFacts layer_norm = Row(50264, int64_t{4096}, 8, 2);
+  layer_norm.other_loads = 2;
+  c = ChooseSharedRows(layer_norm, limits, false);
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->buffers, 1);
+  EXPECT_EQ(c->blocks_per_sm, 2);
+  // Vectors narrower than 16 bytes (bf16 by 4): one cache.
+  c = ChooseSharedRows(Row(50264, int64_t{4096}, 4, 2), limits, false);
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->buffers, 1);
+  // f32 50257 (201 KiB): two caches do not fit a block; one.
+  c = ChooseSharedRows(Row(50260, int64_t{4096}, 4, 4), limits, false);
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->buffers, 1);
+  EXPECT_EQ(c->bytes, SharedRowBytes(Row(50260, int64_t{4096}, 4, 4), 512));
+  // Forced counts stay as asked.
+  limits.shared_row_buffers = 1;
+  EXPECT_EQ(ChooseSharedRows(Row(50264, int64_t{4096}, 8, 2), limits, false)->buffers, 1);
+}
+
 TEST(ChooseSharedRows, Sm80HasLessSharedMemoryAndNoClusters) {
   const ClusterRowLimits limits = Sm80();
   // bf16 50257: 104 KiB, two blocks do not fit 164 KiB: one per SM (refused when two are asked).

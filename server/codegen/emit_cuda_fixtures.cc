@@ -158,8 +158,9 @@ std::vector<Fixture> Fixtures(bool small, const std::string& arch) {
   // <name>_sm: one block per row caching it in dynamic shared memory (kSharedRow), for the shapes
   // whose cache fits a block (bf16 50257 and layer norm: 104 KiB, two blocks per SM; f32 50257
   // and bf16 65536: one per SM); softmax_bf16_50257_sm1 the same with one block per SM.
-  // <name>_smp: kSharedPrefetch, two caches in one block per SM, the block's next row filled
-  // while this one reduces and stores (where both fit: bf16 50257 softmax and layer norm).
+  // <name>_smp: kSharedPrefetch, two caches in one block per SM, the block's next row filled by
+  // bulk copies while this one reduces and stores (where both fit: bf16 50257 softmax and layer
+  // norm; softmax_bf16_50257 itself takes it by default, layer norm keeps one cache).
   const std::set<std::string> long_rows = {
       "softmax_bf16_50257", "softmax_50257",      "softmax_65536",       "softmax_bf16_65536",
       "log_softmax_131072", "softmax_262144",     "log_softmax_262144",  "softmax_bf16_262144",
