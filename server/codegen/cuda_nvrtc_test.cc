@@ -137,14 +137,18 @@ TEST(CudaNvrtc, SharedRowKernelsCompileForSm80AndSm90) {
                     });
 }
 
-// Two row caches a block (kSharedPrefetch, forced): the next row's fill in flight (cp.async
-// commit groups), shifted vectors (odd lengths), Welford and softmax.
+// Two row caches a block (kSharedPrefetch, forced): the next row's fill in flight (sm_80:
+// cp.async commit groups; sm_90: bulk copies on mbarriers), shifted vectors (odd lengths),
+// Welford and softmax.
 TEST(CudaNvrtc, SharedRowKernelsWithTheNextRowPrefetchedCompileForSm80AndSm90) {
   if (!HaveNvrtc()) GTEST_SKIP() << "NVRTC not found";
   CompileSharedRows({kt::RowSoftmaxBf16(20001), kt::LayerNormBf16(30001, 1e-5f), kt::RowSoftmax(12000, true),
                      kt::RmsNorm(24576, 1e-6f, true)},
                     CudaLongRows::kSharedPrefetch, [](const std::string& arch, const CudaSource& all) {
-                      EXPECT_TRUE(absl::StrContains(all.source, "kiln_cuda::cp_async_commit();")) << arch;
+                      const bool sm90 = arch == "sm_90";
+                      EXPECT_EQ(absl::StrContains(all.source, "kiln_cuda::cp_async_commit();"), !sm90) << arch;
+                      EXPECT_EQ(absl::StrContains(all.source, "kiln_cuda::bulk_copy(&"), sm90) << arch;
+                      EXPECT_EQ(absl::StrContains(all.source, "kiln_cuda::mbar_wait(kiln_bars"), sm90) << arch;
                     });
 }
 
