@@ -299,7 +299,8 @@ def run_child(args, backend, workload, env, server=None, label=""):
         extra = ""
         if times.get("package_load"):
             extra = (f", package load {seconds_text(times['package_load'])} s (kiln's Compile RPCs "
-                     f"{times.get('rpc', 0) * 1e3:.1f} ms, plan loads {times.get('load', 0) * 1e3:.1f} ms)")
+                     f"{times.get('rpc', 0) * 1e3:.1f} ms, plan loads {times.get('load', 0) * 1e3:.1f} ms), "
+                     f"plan programs built in the call {times.get('program', 0) * 1e3:.1f} ms")
         if (k.get("prewarm") or {}).get("threads"):  # thread-seconds: summed over the threads
             extra += (f", {k['prewarm']['calls']} warm-up calls on {k['prewarm']['threads']} threads "
                       f"({times.get('prewarm', 0):.2f} thread-s; the call waited "

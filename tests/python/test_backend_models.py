@@ -189,6 +189,7 @@ def test_models_compile_then_hit_the_cache_and_run_kernels(name):
         assert sum(s["hits_by_tier"].values()) == s["hits"]
         assert s["plan_calls"] >= 3 * 2 + 1  # three training steps (forward + backward) and inference
         assert s["client_time_s"]["load"] > 0 and s["server_time_s"]["lookup"] > 0
+        assert s["client_time_s"]["program"] > 0  # each plan's program, built at its first call
         # The plans really are compiled code: kernel steps in every graph's artifact.
         with KilnClient(fresh_server.address) as c:
             for key in set(s["keys"]):

@@ -26,7 +26,8 @@ Counted once per graph (not per call):
                    that went to torch.compile's path instead, by cause
   prewarm          option prewarm (kiln.prewarm): warm-up threads started for loaded CUDA plans,
                    convolution calls they ran, steps skipped (symbolic sizes, too large), errors
-Times, in seconds, summed over requests: ``client_time_s`` (serialize, rpc, load; package_load:
+Times, in seconds, summed over requests: ``client_time_s`` (serialize, rpc, load; program: building
+a loaded plan's program for a device and symbol values, at the first call that needs it; package_load:
 kiln.compile's GetPackage, unpickling and guard building of the packages it used; prewarm: the
 warm-up threads' seconds, in the background, not part of any call; prewarm_wait: what the calls
 that loaded packages spent waiting for their warm-ups to end, part of those calls) and
@@ -64,8 +65,8 @@ def _fresh():
                      "guard_misses": 0, "errors": 0},
         "package_fallbacks": {},
         "prewarm": {"threads": 0, "calls": 0, "skipped": 0, "errors": 0},
-        "client_time_s": {"serialize": 0.0, "rpc": 0.0, "load": 0.0, "package_load": 0.0, "prewarm": 0.0,
-                          "prewarm_wait": 0.0},
+        "client_time_s": {"serialize": 0.0, "rpc": 0.0, "load": 0.0, "program": 0.0, "package_load": 0.0,
+                          "prewarm": 0.0, "prewarm_wait": 0.0},
         "server_time_s": {},
         "keys": [],  # keys of the graphs seen, in order (for tests and debugging), bounded
     }

@@ -75,9 +75,11 @@ kiln._exec_common has what they share (PlanError, the instruction helpers).
 import functools
 import itertools
 import threading
+import time
 
 import torch
 
+from kiln import counters as stats
 from kiln import proto
 from kiln._exec_aten import _AtenMixin
 from kiln._exec_common import (_PV, PlanError, _Tensor, _again, _getter, _itemsize, _plan_error, _poisoned,
@@ -399,7 +401,9 @@ class PlanExecutor:
         with self._programs_lock:
             program = self._programs.get(key)
             if program is None:
+                start = time.perf_counter()
                 program = _Program(self, device, symbols)
+                stats.add_to("client_time_s", "program", time.perf_counter() - start)
                 if len(self._programs) < _MAX_PROGRAMS:
                     self._programs[key] = program
             return program
