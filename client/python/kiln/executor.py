@@ -79,7 +79,7 @@ import time
 
 import torch
 
-from kiln import counters as stats
+from kiln import counters as stats_mod
 from kiln import proto
 from kiln._exec_aten import _AtenMixin
 from kiln._exec_common import (_PV, PlanError, _Tensor, _again, _getter, _itemsize, _plan_error, _poisoned,
@@ -403,7 +403,7 @@ class PlanExecutor:
             if program is None:
                 start = time.perf_counter()
                 program = _Program(self, device, symbols)
-                stats.add_to("client_time_s", "program", time.perf_counter() - start)
+                stats_mod.add_to("client_time_s", "program", time.perf_counter() - start)
                 if len(self._programs) < _MAX_PROGRAMS:
                     self._programs[key] = program
             return program
