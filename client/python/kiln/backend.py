@@ -546,11 +546,6 @@ class CompiledGraph:
         try:
             request = self._build_request(self.gm, example_inputs)
         except Exception as e:
-            if self._symbolic:  # (a size operation the serializer lacks): the static graphs may do
-                self._symbolic, self.dynamic = False, True
-                log.info("kiln: %s has symbolic shapes kiln cannot serialize (%s: %s): compiled per "
-                         "input shape at run time", self.name, type(e).__name__, _short(e))
-                return
             self._give_up("serialize", f"{self.name} runs eagerly: kiln could not serialize it "
                           f"({type(e).__name__}: {_short(e)}). This is a kiln limitation or bug; "
                           "report it with the KILN_DEBUG=1 folder.", gm=self.gm)
@@ -742,12 +737,13 @@ class CompiledGraph:
     def _give_up(self, cause, message, *, gm=None, request=None, response=None, client=None,
                  warn=True):
         """Marks the graph eager for `cause`: counts it, warns once per cause, or raises. A
-        symbolic graph that kilnd does not compile (or, in cache-only mode, has no plan for) is
-        compiled per input shape at run time instead (self.dynamic)."""
-        if self._symbolic and cause in ("unimplemented", "cache_miss") and not self.specs:
+        symbolic graph that kilnd does not compile (or, in cache-only mode, has no plan for), or
+        that kiln cannot serialize (a size operation the serializer lacks: its static graphs have
+        none left), is compiled per input shape at run time instead (self.dynamic)."""
+        if self._symbolic and cause in ("unimplemented", "cache_miss", "serialize") and not self.specs:
             self._symbolic, self.dynamic = False, True
-            log.info("kiln: %s has symbolic shapes, which kilnd does not compile (%s): compiled per "
-                     "input shape at run time", self.name, cause)
+            log.info("kiln: %s has symbolic shapes that kiln does not compile as such (%s): compiled "
+                     "per input shape at run time", self.name, cause)
             if self.opts.debug:
                 self._dump(gm=gm, request=request, response=response, client=client,
                            outcome="compiled per input shape at run time: " + message, times={})
