@@ -61,15 +61,20 @@ void CudaKernelEmitter::EmitNextRow(const VecPlan& plan, const std::string& also
   w_.Close();
 }
 
+int64_t CudaKernelEmitter::VectorSlotBytes(const CacheEntry& e, const VecPlan& plan) const {
+  const int64_t bytes = SmemBytes(e.load->type);
+  if (!plan.loads.count(AccessKey(e.load->buffer, e.load->index)) ||
+      bytes != kernel::ScalarTypeBytes(e.load->buffer.dtype)) {
+    return 0;
+  }
+  return bytes * plan.width;
+}
+
 bool CudaKernelEmitter::BulkFillable(const std::vector<const CacheEntry*>& fill,
                                      const VecPlan& plan) const {
   if (!ArchHasBulkCopies(cuda_.arch)) return false;
   for (const CacheEntry* e : fill) {
-    const int64_t bytes = SmemBytes(e->load->type);
-    if (!plan.loads.count(AccessKey(e->load->buffer, e->load->index)) ||
-        bytes != kernel::ScalarTypeBytes(e->load->buffer.dtype) || bytes * plan.width != 16) {
-      return false;
-    }
+    if (VectorSlotBytes(*e, plan) != 16) return false;
   }
   return true;
 }
@@ -175,11 +180,8 @@ void CudaKernelEmitter::EmitSharedFillLoop(const std::vector<const CacheEntry*>&
   }
   w_.Line("const idx_t r0 = kiln_rb;");
   for (const CacheEntry* e : fill) {
-    const std::string key = AccessKey(e->load->buffer, e->load->index);
-    const int64_t bytes = SmemBytes(e->load->type) * width;
-    if (plan.loads.count(key) &&
-        SmemBytes(e->load->type) == kernel::ScalarTypeBytes(e->load->buffer.dtype) &&
-        (bytes == 4 || bytes == 8 || bytes == 16)) {
+    const int64_t bytes = VectorSlotBytes(*e, plan);
+    if (bytes == 4 || bytes == 8 || bytes == 16) {
       w_.Linef("kiln_cuda::cp_async<", bytes, ">(&", slot(*e), ", b", e->load->buffer.index, " + (",
                IndexCode(e->load->index), "));");
       continue;

@@ -240,6 +240,9 @@ class CudaKernelEmitter : public CpuKernelEmitter {
   // stores at that row's phase 0; a barrier, then thread 0 starts the next row's fill into the
   // other cache, and every thread waits on this cache's mbarrier. Nothing outside a row is read.
   bool BulkFillable(const std::vector<const CacheEntry*>& fill, const VecPlan& plan) const;
+  // The bytes of a cached load's slot when it moves as one vector of the plan (a vector load whose
+  // slot keeps the buffer's element size), else 0.
+  int64_t VectorSlotBytes(const CacheEntry& e, const VecPlan& plan) const;
   // The scope of the block's next row (kiln_ready set; its outer indices, shift and cache arrays
   // over the other cache, under `if (kiln_ready<also>)`), in which `fill` starts its fill.
   void EmitNextRow(const VecPlan& plan, const std::string& also, absl::FunctionRef<void()> fill);
