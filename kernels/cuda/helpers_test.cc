@@ -157,6 +157,32 @@ TEST(CudaHelpers, MaxNanHalfIsTheLargestLaneOrNan) {
   EXPECT_EQ((kiln_cuda::max_nan_half<false, 4>(h)), 3.0f);
 }
 
+// Every offset of every width: the elements of a then b from `off`, bit for bit.
+template <typename T, int N> void ExpectWindows() {
+  kiln_cuda::Vec<T, N> a, b;
+  for (int i = 0; i < N; ++i) {
+    a.v[i] = static_cast<T>(0x1234 + 3 * i);
+    b.v[i] = static_cast<T>(0x5678 + 5 * i);
+  }
+  for (int off = 0; off < N; ++off) {
+    const kiln_cuda::Vec<T, N> w = kiln_cuda::window(a, b, off);
+    for (int i = 0; i < N; ++i) {
+      const T want = off + i < N ? a.v[off + i] : b.v[off + i - N];
+      EXPECT_EQ(w.v[i], want) << sizeof(T) << "-byte x " << N << ", off " << off << ", lane " << i;
+    }
+  }
+}
+
+TEST(CudaHelpers, WindowIsTheVectorAtAnyOffsetOfTwo) {
+  ExpectWindows<uint16_t, 8>();
+  ExpectWindows<uint16_t, 4>();
+  ExpectWindows<uint16_t, 2>();
+  ExpectWindows<float, 4>();
+  ExpectWindows<double, 2>();
+  ExpectWindows<uint8_t, 8>();
+  ExpectWindows<int64_t, 1>();
+}
+
 TEST(CudaHelpers, PreludeHoldsEveryHeaderWithoutIncludes) {
   const std::string prelude = kiln::kernels::CudaPrelude();
   for (const char* h : {"kiln_cuda_half.cuh", "kiln_cuda_math.cuh", "kiln_cuda_reduce.cuh",

@@ -136,6 +136,54 @@ KILN_DEV void fence_proxy_async() {
 #endif
 }
 
+// window(a, b, off): the N elements of a then b (2 N in all) from element `off` (0 <= off < N): a
+// vector at another alignment, from the two aligned vectors that hold it (kSharedRow's stores
+// over their own alignment read the row cache, laid out by the loads' alignment, this way).
+// log2(N) steps of selects on 32-bit words (16-bit elements: the odd offsets by a funnel shift of
+// each pair of words), never an index by a run-time value: everything stays in registers.
+template <typename T, int N> KILN_DEV Vec<T, N> window(const Vec<T, N>& a, const Vec<T, N>& b, int off) {
+  static_assert(N > 0 && (N & (N - 1)) == 0, "window: a power-of-two width");
+  Vec<T, N> r;
+  if constexpr (sizeof(T) == 2 && N % 2 == 0) {
+    constexpr int kWords = N / 2;  // Vec is aligned to its size: whole words
+    uint32_t w[2 * kWords];
+#pragma unroll
+    for (int i = 0; i < kWords; ++i) {
+      w[i] = reinterpret_cast<const uint32_t*>(&a)[i];
+      w[kWords + i] = reinterpret_cast<const uint32_t*>(&b)[i];
+    }
+    const int words = off >> 1;
+#pragma unroll
+    for (int step = kWords / 2; step >= 1; step /= 2) {
+      const bool take = (words & step) != 0;
+#pragma unroll
+      for (int i = 0; i + step < 2 * kWords; ++i) w[i] = take ? w[i + step] : w[i];
+    }
+    const unsigned shift = static_cast<unsigned>(off & 1) * 16u;
+#pragma unroll
+    for (int i = 0; i < kWords; ++i) {
+      reinterpret_cast<uint32_t*>(&r)[i] =
+          static_cast<uint32_t>(((static_cast<uint64_t>(w[i + 1]) << 32) | w[i]) >> shift);
+    }
+  } else {
+    T e[2 * N];
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      e[i] = a.v[i];
+      e[N + i] = b.v[i];
+    }
+#pragma unroll
+    for (int step = N / 2; step >= 1; step /= 2) {
+      const bool take = (off & step) != 0;
+#pragma unroll
+      for (int i = 0; i + step < 2 * N; ++i) e[i] = take ? e[i + step] : e[i];
+    }
+#pragma unroll
+    for (int i = 0; i < N; ++i) r.v[i] = e[i];
+  }
+  return r;
+}
+
 // Lane J of a vector of bf16 bit patterns, widened: its 32-bit word shifted (even J) or masked
 // (odd J), one instruction each (bf16_to_f32(v.v[J]) extracts the odd lanes first: two).
 template <int J, int N> KILN_DEV float bf16_lane(const Vec<uint16_t, N>& v) {

@@ -242,7 +242,15 @@ void CudaKernelEmitter::EmitRow(const VecPlan& plan, bool cache) {
     phase_ = static_cast<int>(p);
     const std::vector<Stmt>& stmts = k_.phases[p].stmts;
     w_.Linef("// phase ", p);
-    if (smem_vec_) EmitSharedFill(plan, chunks, *total_c);
+    if (smem_vec_) {
+      EmitSharedFill(plan, chunks, *total_c);
+      // Stores that lie differently from the cached loads: over their own chunks.
+      const VecPlan stores = PlanRealignedStores(stmts, plan);
+      if (stores.width > 1) {
+        EmitRealignedStores(stmts, stores, chunks, *total_c);
+        continue;
+      }
+    }
     int opened = 0;
     if (column) {
       w_.Open("if (kiln_active)");

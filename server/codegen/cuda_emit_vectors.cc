@@ -98,24 +98,12 @@ VecPlan CudaKernelEmitter::PlanShiftedVector(const std::vector<Stmt>& stmts, con
   const int width = VectorCandidates(stmts, candidate, &loads, &stores);
   if (width <= 1) return plan;
   const auto& [anchor_buffer, anchor_index] = loads.empty() ? stores.front() : loads.front();
-  // The coefficient of every variable but x, and the offset, modulo the width.
-  auto residues = [&](const Index& index) {
-    std::map<std::string, int64_t> r;
-    r["offset"] = (*index.offset.AsConst() % width + width) % width;
-    for (const IndexTerm& t : index.terms) {
-      if (t.var == x) continue;
-      int64_t& v = r[kernel::VarName(t.var)];
-      v = ((v + *t.stride.AsConst()) % width + width) % width;
-    }
-    for (auto it = r.begin(); it != r.end();) it = it->second == 0 && it->first != "offset" ? r.erase(it) : ++it;
-    return r;
-  };
-  const std::map<std::string, int64_t> anchor_residues = residues(anchor_index);
+  const std::map<std::string, int64_t> anchor_residues = Residues(anchor_index, x, width);
   std::set<std::string> checks;
   auto admit = [&](const Buffer& b, const Index& index, std::map<std::string, VecAccess>* into,
                    const char* prefix) {
     const std::string key = AccessKey(b, index);
-    if (into->count(key) || residues(index) != anchor_residues) return;
+    if (into->count(key) || Residues(index, x, width) != anchor_residues) return;
     if (b.index != anchor_buffer.index) {
       checks.insert(absl::StrCat("kiln_cuda::misalign(b", b.index, ", ", width,
                                  ") == kiln_cuda::misalign(b", anchor_buffer.index, ", ", width, ")"));
@@ -124,16 +112,31 @@ VecPlan CudaKernelEmitter::PlanShiftedVector(const std::vector<Stmt>& stmts, con
   };
   for (const auto& [b, i] : loads) admit(b, i, &plan.loads, "kiln_lv");
   for (const auto& [b, i] : stores) admit(b, i, &plan.stores, "kiln_sv");
-  std::vector<IndexTerm> rest;
-  for (const IndexTerm& t : anchor_index.terms) {
-    if (!(t.var == x)) rest.push_back(t);
-  }
   plan.width = width;
   plan.checks.assign(checks.begin(), checks.end());
-  plan.shift = absl::StrCat("static_cast<idx_t>((kiln_cuda::misalign(b", anchor_buffer.index, ", ",
-                            width, ") + (", IndexCode(kernel::MakeIndex(anchor_index.offset, rest)),
-                            ") % ", width, ") % ", width, ")");
+  plan.shift = ShiftCode(anchor_buffer, anchor_index, x, width);
   return plan;
+}
+
+std::map<std::string, int64_t> Residues(const Index& index, const Var& x, int width) {
+  std::map<std::string, int64_t> r;
+  r["offset"] = (*index.offset.AsConst() % width + width) % width;
+  for (const IndexTerm& t : index.terms) {
+    if (t.var == x) continue;
+    int64_t& v = r[kernel::VarName(t.var)];
+    v = ((v + *t.stride.AsConst()) % width + width) % width;
+  }
+  for (auto it = r.begin(); it != r.end();) it = it->second == 0 && it->first != "offset" ? r.erase(it) : ++it;
+  return r;
+}
+
+std::string CudaKernelEmitter::ShiftCode(const Buffer& b, const Index& index, const Var& x, int width) {
+  std::vector<IndexTerm> rest;
+  for (const IndexTerm& t : index.terms) {
+    if (!(t.var == x)) rest.push_back(t);
+  }
+  return absl::StrCat("static_cast<idx_t>((kiln_cuda::misalign(b", b.index, ", ", width, ") + (",
+                      IndexCode(kernel::MakeIndex(index.offset, rest)), ") % ", width, ") % ", width, ")");
 }
 
 std::string CudaKernelEmitter::VecFlag(const VecPlan& plan) {

@@ -1,11 +1,13 @@
 #include "server/codegen/cuda_emitter.h"
 
+#include <cstdint>
 #include <cstdlib>
 #include <iostream>
 #include <string>
 
 #include "absl/strings/match.h"
 #include "gtest/gtest.h"
+#include "server/codegen/cuda_test_kernels.h"
 #include "server/kernel/test_kernels.h"
 #include "server/kernel/verifier.h"
 
@@ -14,6 +16,7 @@ namespace {
 
 using namespace ::kiln::kernel;  // NOLINT: tests build IR
 namespace kt = ::kiln::kernel::testing;
+namespace ct = ::kiln::codegen::testing;
 
 // The kernel's function alone (no prelude). KILN_PRINT_GOLDEN=1 prints it, to update the
 // expectations below intentionally.
@@ -786,6 +789,48 @@ extern "C" __global__ void __launch_bounds__(512, 2) kiln_kernel_0(const uint16_
   EXPECT_EQ(launch.max_grid, 132);
   EmitOne(kt::RowSoftmax(65536, false), true, &launch);
   EXPECT_EQ(launch.layout, CudaLayout::kClusterRow);
+}
+
+// softmax(x[:, 1:], -1): the input row starts 1 element in, with a stride of cols + 1, the
+// output is contiguous. The loads anchor the rows' shifted vectors, so the output (another
+// residue modulo 8) is not in their plan; the store phase walks the output's own chunks (its
+// shift kiln_so), reads each chunk's elements from the cache as the window of the two cache
+// chunks that hold them, and stores 16-byte vectors; scalar lanes at the row's ends only.
+TEST(CudaEmitter, SlicedSoftmaxStoresVectorsAlignedToTheOutput) {
+  CudaLaunch launch;
+  const std::string src = EmitOne(ct::SlicedRowSoftmax(ScalarType::kBFloat16, 50257), true, &launch);
+  EXPECT_EQ(launch.layout, CudaLayout::kSharedRow);
+  EXPECT_EQ(launch.vector_width, 8);
+  EXPECT_EQ(launch.max_grid, 132) << "two caches, bulk copies";
+  EXPECT_TRUE(absl::StrContains(src, "const idx_t kiln_sh = static_cast<idx_t>((kiln_cuda::misalign(b0, 8) + (o0 * 50258 + 1) % 8) % 8);")) << src;
+  EXPECT_TRUE(absl::StrContains(src, "const idx_t kiln_so = static_cast<idx_t>((kiln_cuda::misalign(b1, 8) + (o0 * 50257) % 8) % 8);")) << src;
+  EXPECT_EQ(Count(src, "kiln_cuda::store_vec<8>(b1 + (o0 * 50257 + r0), kiln_sv0);"), 1) << src;
+  EXPECT_EQ(Count(src, "const kiln_cuda::Vec<uint16_t, 8> kiln_lv0 = kiln_cuda::window(kiln_c0[kiln_w0], kiln_c0[kiln_w1], kiln_wo);"), 1) << src;
+  EXPECT_EQ(Count(src, "kiln_sv0.v[7] = kiln_cuda::f32_to_bf16("), 1) << src;
+  EXPECT_EQ(Count(src, "b1[o0 * 50257 + r0] = "), 8 + 1)
+      << "the row's end lanes; the uncached scalar path for buffers that lie differently" << src;
+  EXPECT_EQ(Count(src, "kiln_cuda::bulk_copy(&kiln_c0[kiln_f0], b0 + (o0 * 50258 + r0 + 1)"), 2) << src;
+  EXPECT_EQ(Count(src, "__syncthreads();  // every window is read"), 1) << src;
+  EXPECT_EQ(Count(src, "__syncthreads();  // the cache is whole"), 0) << "phase 0's all-reduces ordered the fill" << src;
+  // f32: vectors of 4; the exps pass B kept in the cache are read through the windows.
+  const std::string f32 =
+      EmitOne(ct::SlicedRowSoftmax(ScalarType::kFloat32, 20001), true, &launch, true, CudaLongRows::kShared);
+  EXPECT_EQ(launch.layout, CudaLayout::kSharedRow);
+  EXPECT_EQ(launch.vector_width, 4);
+  EXPECT_EQ(Count(f32, "kiln_cuda::store_vec<4>(b1 + (o0 * 20001 + r0), kiln_sv0);"), 1) << f32;
+  EXPECT_EQ(Count(f32, "const kiln_cuda::Vec<float, 4> kiln_lv0 = kiln_cuda::window(kiln_c0[kiln_w0], kiln_c0[kiln_w1], kiln_wo);"), 1) << f32;
+  EXPECT_EQ(Count(f32, " = kiln_lv0.v[3] * (float(1) / acc0.sum);"), 2) << "vector and edge lanes, no second exp" << f32;
+  // Contiguous rows (the store in the loads' plan) and rows in registers keep their source: the
+  // vocabulary softmax's, byte for byte (its size and 64-bit FNV-1a hash; KILN_PRINT_GOLDEN=1
+  // prints it: update these only for a change meant to alter that kernel).
+  const std::string contiguous = EmitOne(kt::RowSoftmaxBf16(50257), true, &launch);
+  uint64_t fnv = 14695981039346656037ull;
+  for (unsigned char c : contiguous) fnv = (fnv ^ c) * 1099511628211ull;
+  EXPECT_EQ(contiguous.size(), 25571u);
+  EXPECT_EQ(fnv, 8296261775918343802ull);
+  EXPECT_EQ(Count(contiguous, "kiln_cuda::window("), 0);
+  EXPECT_EQ(Count(EmitOne(ct::SlicedRowSoftmax(ScalarType::kBFloat16, 3001), true, &launch), "kiln_cuda::window("), 0);
+  EXPECT_EQ(launch.layout, CudaLayout::kBlockPerRow);
 }
 
 TEST(CudaEmitter, ClustersOnlyOnSm90AndForFewLongRowsOrRowsTooLongForABlock) {

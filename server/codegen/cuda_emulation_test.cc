@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/kiln_half.h"
@@ -318,6 +319,27 @@ std::vector<Case> ClusterCases() {
   return c;
 }
 
+// softmax(x[:, 1:]) into a contiguous output (ct::SlicedRowSoftmax): the stores lie differently
+// from the cached loads, so kSharedRow stores through windows of the cache at the output's own
+// alignment. 9 rows: the two shifts differ by every residue modulo 8 (the input's row stride is
+// 2 modulo 8, the output's 1); misaligned, staggered (b1 one element further than b0) and NaN
+// and -inf rows (special rows of the input's stride).
+std::vector<Case> SlicedCases() {
+  std::vector<Case> c;
+  c.push_back({"shared_sliced_softmax_bf16_3001", ct::SlicedRowSoftmax(ScalarType::kBFloat16, 3001), {9}});
+  c.push_back({"shared_sliced_softmax_bf16_3001_misaligned", ct::SlicedRowSoftmax(ScalarType::kBFloat16, 3001), {9},
+               true});
+  c.push_back({"shared_sliced_softmax_bf16_3001_staggered", ct::SlicedRowSoftmax(ScalarType::kBFloat16, 3001), {9},
+               false, 3, 0, true});
+  c.push_back({"shared_sliced_softmax_f32_3001_specials", ct::SlicedRowSoftmax(ScalarType::kFloat32, 3001), {9},
+               false, 3, 3002});
+  c.push_back({"shared_sliced_softmax_f32_3001_staggered", ct::SlicedRowSoftmax(ScalarType::kFloat32, 3001), {5},
+               false, 2, 0, true});
+  c.push_back({"shared_sliced_softmax_bf16_50257_misaligned", ct::SlicedRowSoftmax(ScalarType::kBFloat16, 50257),
+               {3}, true});
+  return c;
+}
+
 // Rows cached in a block's dynamic shared memory (kSharedRow, forced), with the small limits of
 // the cluster cases (128 threads a block): f32 slots (softmax's exps overwrite them), bf16 slots
 // widened at each read (softmax, layer norm, rms norm), odd lengths with shifted vectors (50257),
@@ -340,6 +362,7 @@ std::vector<Case> SharedCases() {
   c.push_back({"shared_softmax_plus_input_3001", SoftmaxPlusInput(3001), {4}, false, 3, 3001});
   c.push_back({"shared_rms_norm_bf16_3000", kt::RmsNorm(3000, 1e-6f, true), {3}});
   c.push_back({"shared_softmax_bf16_3001_staggered", kt::RowSoftmaxBf16(3001), {4}, false, 3, 0, true});
+  for (Case& s : SlicedCases()) c.push_back(std::move(s));
   return c;
 }
 
@@ -483,6 +506,32 @@ TEST(CudaEmulation, SharedRowKernelsWithTheNextRowPrefetchedMatchTheCpuKernels) 
   }
   EXPECT_GE(bulk, 10);
   RunCases(std::move(cases), options, Expect::kShared);
+}
+
+// The sliced rows (also among SharedCases, above) store through windows of the cache: on sm_80
+// too, where two caches fill by cp.async (the next row's fill into the cache whose windows the
+// row before read: the barrier after the stores).
+TEST(CudaEmulation, SlicedSharedRowsStoreVectorsAtTheOutputsAlignmentOnSm80AndSm90) {
+  for (const std::string arch : {"sm_80", "sm_90"}) {
+    SCOPED_TRACE(arch);
+    CudaEmitOptions options = ClusterOptions();
+    options.arch = arch;
+    options.long_rows = CudaLongRows::kSharedPrefetch;
+    std::vector<Case> cases;
+    for (Case& c : SlicedCases()) {
+      if (arch == "sm_90" || c.name.find("50257") == std::string::npos) cases.push_back(std::move(c));  // 2 x 100 KB
+    }
+    std::vector<Kernel> kernels;
+    for (const Case& c : cases) kernels.push_back(*c.kernel);
+    absl::StatusOr<CudaSource> cuda = EmitCudaSource(kernels, options);
+    ASSERT_TRUE(cuda.ok()) << cuda.status();
+    int windows = 0;
+    for (const std::string& k : cuda->kernel_sources) windows += absl::StrContains(k, "kiln_cuda::window(kiln_c0[");
+    EXPECT_EQ(windows, static_cast<int>(kernels.size()));
+    EXPECT_EQ(absl::StrContains(cuda->source, "kiln_cuda::cp_async_commit();"), arch == "sm_80");
+    EXPECT_EQ(absl::StrContains(cuda->source, "kiln_cuda::bulk_copy(&"), arch == "sm_90");
+    if (arch == "sm_80") RunCases(std::move(cases), options, Expect::kShared);  // sm_90: above
+  }
 }
 
 }  // namespace

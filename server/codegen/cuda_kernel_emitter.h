@@ -11,6 +11,7 @@
 //   cuda_emit_rows.cc          the row layouts' loops, accumulators and register row caches;
 //   cuda_emit_shared_rows.cc   kSharedRow's row cache in shared memory (cp.async fill) and the
 //                              slots of a row cache;
+//   cuda_emit_realigned_stores.cc  kSharedRow's store phases over the stores' own alignment;
 //   cuda_emit_all_reduce.cc    the all-reduce of each layout and the two-pass statistics' pass B.
 
 #include <cstdint>
@@ -57,6 +58,11 @@ absl::optional<int64_t> ConstStride(const Index& index, const Var& var);
 
 // The load nodes of the values of `stmts`, each node once, in post-order (masks first).
 std::vector<const ExprNode*> LoadsOf(const std::vector<Stmt>& stmts);
+
+// The offset and the constant strides of every variable but `x` of `index` (all constant)
+// modulo `width`, the zero strides left out: accesses with equal residues lie equally far past a
+// width boundary in every row, given pointers that do.
+std::map<std::string, int64_t> Residues(const Index& index, const Var& x, int width);
 
 struct VecAccess {
   Buffer buffer;
@@ -163,6 +169,10 @@ class CudaKernelEmitter : public CpuKernelEmitter {
   // moves in aligned vectors from `shift` elements before its start; accesses left out (a layer
   // norm's weight, aligned while the rows are not) stay scalar within the vector lanes.
   VecPlan PlanShiftedVector(const std::vector<Stmt>& stmts, const Var& x);
+  // The shift of rows of accesses like (b, index) along `x` (constant offset and strides): how
+  // many elements the row's first element lies past a `width` boundary (code over the outer
+  // variables).
+  std::string ShiftCode(const Buffer& b, const Index& index, const Var& x, int width);
   std::string VecFlag(const VecPlan& plan);
   // Emits `stmts` for `width` consecutive values of `x` from `base` (a declared name): vector
   // loads, one scope per lane, vector stores. `lane_decl` declares the lane's variables given the
@@ -265,6 +275,22 @@ class CudaKernelEmitter : public CpuKernelEmitter {
   static int64_t SmemBytes(ScalarType t) {
     return kernel::IsHalfType(t) ? 2 : kernel::ScalarTypeBytes(t);
   }
+
+  // ---- kSharedRow's realigned stores (cuda_emit_realigned_stores.cc) ----
+  // A phase of shifted vector rows cached in shared memory (smem_vec_) that only stores, where
+  // the stores along the row lie differently from the loads (softmax(x[:, 1:]) into a contiguous
+  // output: its stores are not in `plan`): the stores' own plan, of plan.width, anchored on the
+  // first such store (its buffer's other stores with the same residues join; `shift` theirs),
+  // or width 1 (nothing to realign: the phase goes through `plan` as before). Not where a store
+  // is in `plan`, a load of `plan` is not cached, or a two-pass value is in registers.
+  VecPlan PlanRealignedStores(const std::vector<Stmt>& stmts, const VecPlan& plan);
+  // The phase over the stores' own chunks (their shift kiln_so): each cached load read as the
+  // window of its two cache chunks that holds the chunk's elements (kiln_cuda::window; the cache
+  // is laid out by the loads' shift kiln_sh), one vector store per store of `stores` for a chunk
+  // within the row, scalar lanes at the row's ends. The windows are other threads' slots:
+  // barriers around the phase where a write of the cache may be unordered with it.
+  void EmitRealignedStores(const std::vector<Stmt>& stmts, const VecPlan& stores, int64_t chunks,
+                           int64_t total);
 
   // ---- all-reduces and two-pass statistics (cuda_emit_all_reduce.cc) ----
   // Plans the exp reuse of every online-softmax two-pass accumulator that may have it.

@@ -124,26 +124,31 @@ void CompileSharedRows(const std::vector<absl::StatusOr<Kernel>>& built, CudaLon
 }
 
 // Rows cached in dynamic shared memory (kSharedRow, forced on both archs; sm_90 picks it for the
-// bf16 50257 rows by default): f32 and bf16 slots, shifted vectors, Welford, log_softmax.
+// bf16 50257 rows by default): f32 and bf16 slots, shifted vectors, Welford, log_softmax, and
+// sliced rows' stores through windows of the cache at the output's alignment.
 TEST(CudaNvrtc, SharedRowKernelsCompileForSm80AndSm90) {
   if (!HaveNvrtc()) GTEST_SKIP() << "NVRTC not found";
   CompileSharedRows({kt::RowSoftmaxBf16(50257), kt::LayerNormBf16(50257, 1e-5f), kt::RowSoftmax(32768, true),
-                     kt::RowSoftmax(40000, false), kt::RmsNorm(65536, 1e-6f, true), kt::LayerNorm(20000, 1e-5f)},
+                     kt::RowSoftmax(40000, false), kt::RmsNorm(65536, 1e-6f, true), kt::LayerNorm(20000, 1e-5f),
+                     SlicedRowSoftmax(ScalarType::kBFloat16, 50257), SlicedRowSoftmax(ScalarType::kFloat32, 20001)},
                     CudaLongRows::kShared, [](const std::string& arch, const CudaSource& all) {
                       for (size_t i = 0; i < all.launches.size(); ++i) {
                         EXPECT_GT(all.launches[i].shared_bytes, 48 * 1024) << arch << " kernel " << i;
                         EXPECT_LE(all.launches[i].shared_bytes, arch == "sm_80" ? 163 * 1024 : 227 * 1024);
+                        EXPECT_EQ(absl::StrContains(all.kernel_sources[i], "kiln_cuda::window("), i >= 6)
+                            << arch << " kernel " << i;
                       }
                     });
 }
 
 // Two row caches a block (kSharedPrefetch, forced): the next row's fill in flight (sm_80:
 // cp.async commit groups; sm_90: bulk copies on mbarriers), shifted vectors (odd lengths),
-// Welford and softmax.
+// Welford and softmax, sliced rows.
 TEST(CudaNvrtc, SharedRowKernelsWithTheNextRowPrefetchedCompileForSm80AndSm90) {
   if (!HaveNvrtc()) GTEST_SKIP() << "NVRTC not found";
   CompileSharedRows({kt::RowSoftmaxBf16(20001), kt::LayerNormBf16(30001, 1e-5f), kt::RowSoftmax(12000, true),
-                     kt::RmsNorm(24576, 1e-6f, true)},
+                     kt::RmsNorm(24576, 1e-6f, true), SlicedRowSoftmax(ScalarType::kBFloat16, 20001),
+                     SlicedRowSoftmax(ScalarType::kFloat32, 12001)},
                     CudaLongRows::kSharedPrefetch, [](const std::string& arch, const CudaSource& all) {
                       const bool sm90 = arch == "sm_90";
                       EXPECT_EQ(absl::StrContains(all.source, "kiln_cuda::cp_async_commit();"), !sm90) << arch;

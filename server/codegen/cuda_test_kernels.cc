@@ -99,6 +99,24 @@ absl::StatusOr<Kernel> FullSum(int64_t n) {
   return kb.Finish();
 }
 
+absl::StatusOr<Kernel> SlicedRowSoftmax(ScalarType t, int64_t cols) {
+  KernelBuilder kb(absl::StrCat("sliced softmax ", ScalarTypeName(t)));
+  const Size n = kb.AddScalar(), c = Size::Const(cols), stride = Size::Const(cols + 1);
+  const Buffer in = kb.AddBuffer(t, Access::kRead, n * stride);
+  const Buffer out = kb.AddBuffer(t, Access::kWrite, n * c);
+  const Var row = kb.AddOuter(n), col = kb.AddReduce(c);
+  const Accumulator sm = kb.AddAccumulator(AccKind::kOnlineSoftmax, ScalarType::kFloat32);
+  const Index in_idx = MakeIndex(Size::Const(1), {{row, stride}, {col, Size::Const(1)}});
+  const bool f32 = t == ScalarType::kFloat32;
+  auto x = [&] { return f32 ? Load(in, in_idx) : Cast(ScalarType::kFloat32, Load(in, in_idx)); };
+  kb.BeginPhase();
+  kb.Add(Accumulate(sm, x()));
+  kb.BeginPhase();
+  const ExprOr y = Div(Exp(Sub(x(), AccRead(sm, AccField::kMax))), AccRead(sm, AccField::kSum));
+  kb.Add(Store(out, ContiguousIndex({row, col}, {n, c}), f32 ? y : Cast(t, y)));
+  return kb.Finish();
+}
+
 // A pointwise kernel over dynamic 3-D sizes with an in-place f16 buffer and 64-bit indices.
 absl::StatusOr<Kernel> DynamicInPlace() {
   KernelBuilder kb("dynamic in place");

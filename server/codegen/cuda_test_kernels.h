@@ -24,6 +24,12 @@ absl::StatusOr<kernel::Kernel> EveryAccumulator(kernel::ScalarType t, bool dynam
 // out[0] = sum of x[n] (no outer dims).
 absl::StatusOr<kernel::Kernel> FullSum(int64_t n);
 
+// softmax(x[:, 1:], -1) for x of `t` (f32 or bf16; bf16 widened to f32 and the result narrowed)
+// of shape n0 x (cols + 1): the input row is a column-sliced view (element offset 1, row stride
+// cols + 1), the output contiguous (row stride cols). Odd `cols`: the rows' vector plan shifts
+// to the input's alignment, and the output lies differently.
+absl::StatusOr<kernel::Kernel> SlicedRowSoftmax(kernel::ScalarType t, int64_t cols);
+
 // x[n0, n1, n2] (f16, read-write) *= y[n1, n2] (f32), in place, every size dynamic.
 absl::StatusOr<kernel::Kernel> DynamicInPlace();
 
