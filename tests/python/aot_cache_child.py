@@ -70,6 +70,7 @@ def main():
         "match": bool(same and inference_ok),
         "compiles": s["compiles"], "hits": s["hits"], "fallbacks": s["graph_fallbacks"], "plan_calls": s["plan_calls"],
         "kernel_steps": s["kernel_steps"], "eager_calls": s["eager_calls"],
+        "fallbacks_by_cause": s["fallbacks_by_cause"],
     }))
 
 

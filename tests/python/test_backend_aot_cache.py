@@ -46,6 +46,21 @@ def test_a_second_process_loads_kiln_graphs_from_aotautograds_cache(tmp_path):
     assert second["compiles"] == 0 and second["hits"] >= 3, second
 
 
+def test_loaded_graphs_run_eagerly_when_kilnd_is_gone(tmp_path):
+    """Graphs loaded from AOTAutograd's cache ask kilnd for their plans again; when kilnd is
+    unreachable by then, they run eagerly (cause unavailable) and still match eager."""
+    server = Kilnd()
+    try:
+        first = run_child(server.address, str(tmp_path / "torch-cache"))
+    finally:
+        assert server.stop() == 0
+    second = run_child(server.address, str(tmp_path / "torch-cache"))
+    assert first["match"] and first["fallbacks"] == 0, first
+    assert second["aot"].get("autograd_cache_hit", 0) >= 2, second
+    assert second["match"] and second["plan_calls"] == 0 and second["eager_calls"] >= 3, second
+    assert set(second["fallbacks_by_cause"]) == {"unavailable"}, second
+
+
 def test_a_second_process_loads_symbolic_graphs_and_compiles_them_per_shape(tmp_path):
     """dynamic=True: AOTAutograd's cache keeps the symbolic graphs; the second process loads them,
     and kiln compiles each batch size's static specialization (kilnd cache hits there too)."""

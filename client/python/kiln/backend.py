@@ -608,7 +608,7 @@ class CompiledGraph:
                 code = e.code() if callable(getattr(e, "code", None)) else grpc.StatusCode.UNKNOWN
                 details = e.details() if callable(getattr(e, "details", None)) else str(e)
                 if code == grpc.StatusCode.UNAVAILABLE:
-                    server_mod.CONNECTIONS.drop(address)
+                    server_mod.CONNECTIONS.drop(address, client)
                     if attempt == 0 and opts.embedded:  # the embedded kilnd may have exited: restart
                         _EMBEDDED_READY.pop(opts.resolved_cache_dir(), None)
                         try:

@@ -200,14 +200,14 @@ class Connection:
                 self._clients[address] = client
             return client
 
-    def drop(self, address):
+    def drop(self, address, client):
+        """Forgets `client` (that failed to connect) so that the next call gets a new one. It is
+        not closed here: other threads may still be calling through it (option prefetch_backward's
+        Compile beside the forward's); its channel goes when the last of them lets it go. A
+        client that was already replaced stays forgotten: the newer one is kept."""
         with self._lock:
-            client = self._clients.pop(address, None)
-        if client is not None:
-            try:
-                client.close()
-            except Exception:  # pragma: no cover
-                pass
+            if self._clients.get(address) is client:
+                del self._clients[address]
 
     def close_all(self):
         with self._lock:

@@ -61,6 +61,26 @@ def test_unreachable_server_raises_rpc_error(tmp_path):
         assert time.monotonic() - started < 10
 
 
+def test_a_dropped_connection_stays_usable_by_threads_still_holding_it(tmp_path):
+    """kiln.server.Connection.drop forgets a client that failed to connect without closing it:
+    a concurrent call through it (another graph's Compile) must see UNAVAILABLE, not a closed
+    channel (ValueError, which the backend counted as a kiln bug)."""
+    from kiln.server import Connection
+
+    address = f"unix:{tmp_path}/nothing.sock"
+    connections = Connection()
+    first = connections.client(address)
+    connections.drop(address, first)
+    second = connections.client(address)
+    assert second is not first
+    with pytest.raises(grpc.RpcError) as err:
+        first.health(timeout=2)
+    assert err.value.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+    connections.drop(address, first)  # stale: the newer client stays
+    assert connections.client(address) is second
+    connections.close_all()
+
+
 class StandIn:
     """Records requests and answers on kilnd's method paths."""
 
