@@ -4,6 +4,7 @@ also what each measurement's child process runs (--compile-child)."""
 import functools
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -227,6 +228,7 @@ def compile_child(args, t0):
             import pstats
 
             profiler.disable()
+            profiler.dump_stats(args.child_out + ".prof")
             text = io.StringIO()
             stats = pstats.Stats(profiler, stream=text)
             stats.sort_stats("cumulative").print_stats(40)
@@ -293,6 +295,9 @@ def run_child(args, backend, workload, env, server=None, label=""):
         return {"error": f"exit {p.returncode}: {(p.stderr or '')[-1500:]}"}
     r = json.load(open(out))
     r["wall_s"] = time.time() - t0
+    if args.profile_first_call and getattr(args, "profile_dir", None) and os.path.exists(out + ".prof"):
+        os.makedirs(args.profile_dir, exist_ok=True)
+        shutil.copy(out + ".prof", os.path.join(args.profile_dir, f"{workload}-{backend}-{label or 'cold'}.prof"))
     if args.verbose:
         k = r.get("kiln") or {}
         times = k.get("client_time_s") or {}

@@ -480,6 +480,9 @@ def main():
     ap.add_argument("--profile-first-call", action="store_true",
                     help="section c: cProfile each process's first call (its figures then include the "
                          "profiler's overhead) and print the warm ones' top 40 functions by cumulative time and top 25 by own time")
+    ap.add_argument("--profile-dir", metavar="DIR",
+                    help="section c with --profile-first-call: also save each process's raw profile there "
+                         "(<workload>-<backend>-<row>.prof, for python -m pstats)")
     ap.add_argument("--kiln-timeout", type=float, default=300.0, help="kiln's per-Compile timeout (s)")
     ap.add_argument("--child-timeout", type=float, default=300.0, help="section c: per process limit (s)")
     ap.add_argument("--time-budget", type=float, default=None, help="seconds for the whole run (default 540 on "
