@@ -163,12 +163,16 @@ ClusterRowFacts CudaKernelEmitter::LongRowFacts(int64_t total, absl::optional<in
     const int width = PlanVector(all, Var{VarKind::kReduce, 0}).width;
     if (width > 1 && total % width == 0) {
       facts.vector_width = width;
-    } else if (const int shifted = PlanShiftedVector(all, Var{VarKind::kReduce, 0}).width; shifted > 1) {
+    } else if (const VecPlan shifted = PlanShiftedVector(all, Var{VarKind::kReduce, 0}); shifted.width > 1) {
       // Vectors from up to width - 1 elements before the row's start (PlanShiftedVector).
-      facts.vector_width = shifted;
-      facts.length = total + shifted - 1;
+      facts.vector_width = shifted.width;
+      facts.length = total + shifted.width - 1;
       *shifted_rows = true;
-      *shifted_width = shifted;
+      *shifted_width = shifted.width;
+      for (const Stmt& s : all) {
+        facts.stray_stores |= s.kind == StmtKind::kStore && !shifted.stores.count(AccessKey(s.buffer, s.index)) &&
+                              ConstStride(s.index, Var{VarKind::kReduce, 0}) == absl::optional<int64_t>(1);
+      }
     }
   }
   return facts;

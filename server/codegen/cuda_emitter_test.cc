@@ -830,6 +830,14 @@ TEST(CudaEmitter, SlicedSoftmaxStoresVectorsAlignedToTheOutput) {
   EXPECT_EQ(fnv, 8296261775918343802ull);
   EXPECT_EQ(Count(contiguous, "kiln_cuda::window("), 0);
   EXPECT_EQ(Count(EmitOne(ct::SlicedRowSoftmax(ScalarType::kBFloat16, 3001), true, &launch), "kiln_cuda::window("), 0);
+  EXPECT_EQ(launch.layout, CudaLayout::kBlockPerRow) << "fewer than one vector a thread of a 512-thread block";
+  // Rows that one block's registers would hold (32001 bf16 columns) take the row cache for their
+  // stray stores (ClusterRowFacts::stray_stores); the same length with the store in the loads'
+  // plan stays in registers.
+  const std::string mid = EmitOne(ct::SlicedRowSoftmax(ScalarType::kBFloat16, 32001), true, &launch);
+  EXPECT_EQ(launch.layout, CudaLayout::kSharedRow);
+  EXPECT_EQ(Count(mid, "kiln_cuda::store_vec<8>(b1 + (o0 * 32001 + r0), kiln_sv0);"), 1) << mid;
+  EmitOne(kt::RowSoftmaxBf16(32001), true, &launch);
   EXPECT_EQ(launch.layout, CudaLayout::kBlockPerRow);
 }
 

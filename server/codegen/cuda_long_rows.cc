@@ -78,7 +78,11 @@ absl::optional<SharedRowChoice> ChooseSharedRows(const ClusterRowFacts& facts,
   if (facts.length <= 0 || facts.recurring_loads == 0 || facts.element_bytes <= 0) return absl::nullopt;
   if (limits.shared_bytes_per_sm <= 0 || limits.max_row_block < 32) return absl::nullopt;
   if (!forced) {
-    if (limits.shared_row_blocks_per_sm < 1 || OneBlockCaches(facts, limits)) return absl::nullopt;
+    const int block = std::min(limits.shared_row_block, limits.max_row_block);
+    const bool realign = facts.stray_stores && facts.length >= int64_t{block} * facts.vector_width;
+    if (limits.shared_row_blocks_per_sm < 1 || (OneBlockCaches(facts, limits) && !realign)) {
+      return absl::nullopt;
+    }
     // Few rows: a cluster spreads each over several SMs (where there are clusters).
     if (facts.rows && *facts.rows < limits.num_sms && limits.max_cluster >= 2) return absl::nullopt;
   }

@@ -227,6 +227,26 @@ TEST(ChooseSharedRows, RowsTooLongForRegistersWithRowsEnoughShareAnSmTwoBlocksAt
   EXPECT_FALSE(ChooseSharedRows(sums, limits, true));
 }
 
+TEST(ChooseSharedRows, RowsInRegistersWithStrayStoresTakeTheRowCache) {
+  ClusterRowLimits limits;
+  limits.static_shared_bytes = 256;
+  // bf16 softmax of x[:, 1:], 4096 x 32001 (shifted vectors of 8: 32008): one block's registers
+  // would hold it, but its output lies differently from its input.
+  ClusterRowFacts sliced = Row(32008, int64_t{4096}, 8, 2);
+  EXPECT_FALSE(ChooseSharedRows(sliced, limits, false));
+  sliced.stray_stores = true;
+  absl::optional<SharedRowChoice> c = ChooseSharedRows(sliced, limits, false);
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->block, 512);
+  // Not for rows shorter than a vector for each of the block's threads (3001: 3008 < 512 x 8),
+  // nor for fewer rows than SMs (clusters).
+  ClusterRowFacts short_row = Row(3008, int64_t{4096}, 8, 2);
+  short_row.stray_stores = true;
+  EXPECT_FALSE(ChooseSharedRows(short_row, limits, false));
+  sliced.rows = 64;
+  EXPECT_FALSE(ChooseSharedRows(sliced, limits, false));
+}
+
 TEST(ChooseSharedRows, ForcedWheneverTheCacheFitsOneBlock) {
   ClusterRowLimits limits;
   limits.static_shared_bytes = 256;
