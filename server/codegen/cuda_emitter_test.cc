@@ -837,7 +837,13 @@ TEST(CudaEmitter, SlicedSoftmaxStoresVectorsAlignedToTheOutput) {
   const std::string mid = EmitOne(ct::SlicedRowSoftmax(ScalarType::kBFloat16, 32001), true, &launch);
   EXPECT_EQ(launch.layout, CudaLayout::kSharedRow);
   EXPECT_EQ(Count(mid, "kiln_cuda::store_vec<8>(b1 + (o0 * 32001 + r0), kiln_sv0);"), 1) << mid;
-  EmitOne(kt::RowSoftmaxBf16(32001), true, &launch);
+  EmitOne(kt::RowSoftmaxBf16(12001), true, &launch);
+  EXPECT_EQ(launch.layout, CudaLayout::kBlockPerRow);
+  // bf16 rows that registers hold only in 1024-thread blocks take the row cache (two of them).
+  EmitOne(kt::RowSoftmaxBf16(32000), true, &launch);
+  EXPECT_EQ(launch.layout, CudaLayout::kSharedRow);
+  EXPECT_EQ(launch.shared_bytes, 2 * 512 * 8 * 8 * 2 + 16);
+  EmitOne(kt::RowSoftmaxBf16(16384), true, &launch);
   EXPECT_EQ(launch.layout, CudaLayout::kBlockPerRow);
 }
 

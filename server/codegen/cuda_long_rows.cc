@@ -80,7 +80,9 @@ absl::optional<SharedRowChoice> ChooseSharedRows(const ClusterRowFacts& facts,
   if (!forced) {
     const int block = std::min(limits.shared_row_block, limits.max_row_block);
     const bool realign = facts.stray_stores && facts.length >= int64_t{block} * facts.vector_width;
-    if (limits.shared_row_blocks_per_sm < 1 || (OneBlockCaches(facts, limits) && !realign)) {
+    const bool wide16 = facts.recurring_loads == 1 && facts.other_loads == 0 && facts.element_bytes == 2 &&
+                        CachedValues(facts, block) > kWideRowValues;
+    if (limits.shared_row_blocks_per_sm < 1 || (OneBlockCaches(facts, limits) && !realign && !wide16)) {
       return absl::nullopt;
     }
     // Few rows: a cluster spreads each over several SMs (where there are clusters).

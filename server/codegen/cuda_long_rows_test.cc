@@ -230,9 +230,9 @@ TEST(ChooseSharedRows, RowsTooLongForRegistersWithRowsEnoughShareAnSmTwoBlocksAt
 TEST(ChooseSharedRows, RowsInRegistersWithStrayStoresTakeTheRowCache) {
   ClusterRowLimits limits;
   limits.static_shared_bytes = 256;
-  // bf16 softmax of x[:, 1:], 4096 x 32001 (shifted vectors of 8: 32008): one block's registers
-  // would hold it, but its output lies differently from its input.
-  ClusterRowFacts sliced = Row(32008, int64_t{4096}, 8, 2);
+  // bf16 softmax of x[:, 1:], 4096 x 12001 (shifted vectors of 8: 12008): a block of 512
+  // threads would hold it in registers, but its output lies differently from its input.
+  ClusterRowFacts sliced = Row(12008, int64_t{4096}, 8, 2);
   EXPECT_FALSE(ChooseSharedRows(sliced, limits, false));
   sliced.stray_stores = true;
   absl::optional<SharedRowChoice> c = ChooseSharedRows(sliced, limits, false);
@@ -245,6 +245,25 @@ TEST(ChooseSharedRows, RowsInRegistersWithStrayStoresTakeTheRowCache) {
   EXPECT_FALSE(ChooseSharedRows(short_row, limits, false));
   sliced.rows = 64;
   EXPECT_FALSE(ChooseSharedRows(sliced, limits, false));
+}
+
+TEST(ChooseSharedRows, Bf16RowsThatNeedBlocksOf1024ThreadsInRegistersTakeTheRowCache) {
+  ClusterRowLimits limits;
+  limits.static_shared_bytes = 256;
+  limits.shared_row_buffers = 0;  // kAuto on sm_90
+  limits.bulk_copies = true;
+  // bf16 4096 x 32000 (a 32K vocabulary): 64 values a thread at 512 threads -> two caches.
+  absl::optional<SharedRowChoice> c = ChooseSharedRows(Row(32000, int64_t{4096}, 8, 2), limits, false);
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->block, 512);
+  EXPECT_EQ(c->buffers, 2);
+  // 16384 columns: 32 values a thread at 512 threads, registers. f32 32000: registers.
+  EXPECT_FALSE(ChooseSharedRows(Row(16384, int64_t{8192}, 8, 2), limits, false));
+  EXPECT_FALSE(ChooseSharedRows(Row(32000, int64_t{4096}, 4, 4), limits, false));
+  // Another load along the row (a layer norm's weight): registers.
+  ClusterRowFacts norm = Row(32000, int64_t{4096}, 8, 2);
+  norm.other_loads = 2;
+  EXPECT_FALSE(ChooseSharedRows(norm, limits, false));
 }
 
 TEST(ChooseSharedRows, ForcedWheneverTheCacheFitsOneBlock) {
