@@ -17,6 +17,8 @@
 #                    that a GPU process then hits)
 #          profile   tests/gpu/profile_model.py (one model step's GPU kernels and host time, eager vs
 #                    Inductor vs kiln; default ResNet-18 inference)
+#          softmax   tests/gpu/softmax_shapes.py (row softmaxes over vocabulary rows and sliced
+#                    inputs through torch.compile: kiln vs eager vs Inductor)
 # Extra arguments for one step: STEP_ARGS_<STEP> (e.g. STEP_ARGS_models="--only resnet50").
 # Exit status: the number of failed steps (0: all passed).
 set -uo pipefail
@@ -67,6 +69,7 @@ for step in "$@"; do
     kernels) run_step kernels python3 tests/gpu/cuda_kernels_check.py --cubins build/cuda_fixtures "${extra[@]}" ;;
     precompile) run_step precompile python3 tests/gpu/precompile_check.py --kilnd "$KILND" "${extra[@]}" ;;
     profile) run_step profile python3 tests/gpu/profile_model.py --kilnd "$KILND" "${extra[@]}" ;;
+    softmax) run_step softmax python3 tests/gpu/softmax_shapes.py --kilnd "$KILND" "${extra[@]}" ;;
     bench) run_step bench python3 scripts/bench_gpu.py --kilnd "$KILND" "${extra[@]}" ;;
     dynamic) run_step dynamic python3 scripts/bench_dynamic.py --kilnd "$KILND" "${extra[@]}" ;;
     *) echo "run_on_gpu: unknown step $step"; failed=$((failed + 1)) ;;

@@ -1,7 +1,7 @@
-"""The GPU checking tools (tests/gpu/models_check.py and graph_diff.py, scripts/bench_gpu.py) run
-on the CPU too (--device cpu --quick): these smoke runs keep them working between GPU sessions,
-against a real kilnd and torch, and pin models_check's float64 second opinion for training (the
-jittered eager peer and the training spread)."""
+"""The GPU checking tools (tests/gpu/models_check.py, graph_diff.py and softmax_shapes.py,
+scripts/bench_gpu.py) run on the CPU too (--device cpu --quick): these smoke runs keep them
+working between GPU sessions, against a real kilnd and torch, and pin models_check's float64
+second opinion for training (the jittered eager peer and the training spread)."""
 import math
 import os
 import re
@@ -117,3 +117,11 @@ def test_bench_dynamic_compiles_every_length_with_kiln():
     assert "All backends matched eager at every length." in text, text[-4000:]
     row = next(line for line in text.splitlines() if line.startswith("| kiln "))
     assert " 0 eager calls, 0 graphs eager," in row, row
+
+
+def test_softmax_shapes_smoke():
+    code, out = run_tool(GPU_TOOLS / "softmax_shapes.py")
+    assert code == 0, out[-3000:]
+    rows = [line for line in out.splitlines() if line.startswith("| softmax")]
+    assert len(rows) == 3 and "of x[:, 1:]" in rows[1], out[-3000:]
+    assert "0 ran eagerly" in out, out[-3000:]
