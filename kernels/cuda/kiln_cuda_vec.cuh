@@ -23,6 +23,14 @@
 
 #include "kernels/cuda/kiln_cuda_math.cuh"
 
+// memcpy for reinterpreting bytes between registers (NVRTC declares memcpy for device code; the
+// host emulation compiles with g++).
+#if defined(__CUDACC__)
+#define KILN_CUDA_MEMCPY(dst, src, n) memcpy(dst, src, n)
+#else
+#define KILN_CUDA_MEMCPY(dst, src, n) __builtin_memcpy(dst, src, n)
+#endif
+
 namespace kiln_cuda {
 
 template <typename T, int N> struct alignas(sizeof(T) * N) Vec {
@@ -140,18 +148,16 @@ KILN_DEV void fence_proxy_async() {
 // vector at another alignment, from the two aligned vectors that hold it (kSharedRow's stores
 // over their own alignment read the row cache, laid out by the loads' alignment, this way).
 // log2(N) steps of selects on 32-bit words (16-bit elements: the odd offsets by a funnel shift of
-// each pair of words), never an index by a run-time value: everything stays in registers.
-template <typename T, int N> KILN_DEV Vec<T, N> window(const Vec<T, N>& a, const Vec<T, N>& b, int off) {
+// each pair of words), never an index by a run-time value: everything stays in registers (a and b
+// by value: each read as one vector).
+template <typename T, int N> KILN_DEV Vec<T, N> window(const Vec<T, N> a, const Vec<T, N> b, int off) {
   static_assert(N > 0 && (N & (N - 1)) == 0, "window: a power-of-two width");
   Vec<T, N> r;
   if constexpr (sizeof(T) == 2 && N % 2 == 0) {
     constexpr int kWords = N / 2;  // Vec is aligned to its size: whole words
-    uint32_t w[2 * kWords];
-#pragma unroll
-    for (int i = 0; i < kWords; ++i) {
-      w[i] = reinterpret_cast<const uint32_t*>(&a)[i];
-      w[kWords + i] = reinterpret_cast<const uint32_t*>(&b)[i];
-    }
+    uint32_t w[2 * kWords];  // pairs of lanes as words, copied (no cast pointer: strict aliasing)
+    KILN_CUDA_MEMCPY(w, &a, sizeof(a));
+    KILN_CUDA_MEMCPY(w + kWords, &b, sizeof(b));
     const int words = off >> 1;
 #pragma unroll
     for (int step = kWords / 2; step >= 1; step /= 2) {
@@ -160,11 +166,12 @@ template <typename T, int N> KILN_DEV Vec<T, N> window(const Vec<T, N>& a, const
       for (int i = 0; i + step < 2 * kWords; ++i) w[i] = take ? w[i + step] : w[i];
     }
     const unsigned shift = static_cast<unsigned>(off & 1) * 16u;
+    uint32_t out[kWords];
 #pragma unroll
     for (int i = 0; i < kWords; ++i) {
-      reinterpret_cast<uint32_t*>(&r)[i] =
-          static_cast<uint32_t>(((static_cast<uint64_t>(w[i + 1]) << 32) | w[i]) >> shift);
+      out[i] = static_cast<uint32_t>(((static_cast<uint64_t>(w[i + 1]) << 32) | w[i]) >> shift);
     }
+    KILN_CUDA_MEMCPY(&r, out, sizeof(r));
   } else {
     T e[2 * N];
 #pragma unroll
