@@ -845,6 +845,11 @@ TEST(CudaEmitter, SlicedSoftmaxStoresVectorsAlignedToTheOutput) {
   EXPECT_EQ(launch.shared_bytes, 2 * 512 * 8 * 8 * 2 + 16);
   EmitOne(kt::RowSoftmaxBf16(16384), true, &launch);
   EXPECT_EQ(launch.layout, CudaLayout::kBlockPerRow);
+  // f32: 32000 columns take the row cache; 32768, whole chunks of a 1024-thread block, registers.
+  EmitOne(kt::RowSoftmax(32000, false), true, &launch);
+  EXPECT_EQ(launch.layout, CudaLayout::kSharedRow);
+  EmitOne(kt::RowSoftmax(32768, false), true, &launch);
+  EXPECT_EQ(launch.layout, CudaLayout::kBlockPerRow);
 }
 
 TEST(CudaEmitter, ClustersOnlyOnSm90AndForFewLongRowsOrRowsTooLongForABlock) {

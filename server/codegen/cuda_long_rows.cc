@@ -80,9 +80,12 @@ absl::optional<SharedRowChoice> ChooseSharedRows(const ClusterRowFacts& facts,
   if (!forced) {
     const int block = std::min(limits.shared_row_block, limits.max_row_block);
     const bool realign = facts.stray_stores && facts.length >= int64_t{block} * facts.vector_width;
-    const bool wide16 = facts.recurring_loads == 1 && facts.other_loads == 0 && facts.element_bytes == 2 &&
-                        CachedValues(facts, block) > kWideRowValues;
-    if (limits.shared_row_blocks_per_sm < 1 || (OneBlockCaches(facts, limits) && !realign && !wide16)) {
+    // A row of whole chunks for the largest block (f32 2048 x 32768) keeps registers in f32.
+    const int64_t whole = int64_t{limits.max_row_block} * std::max(1, facts.vector_width);
+    const bool wide = facts.recurring_loads == 1 && facts.other_loads == 0 &&
+                      CachedValues(facts, block) > kWideRowValues &&
+                      (facts.element_bytes == 2 || (facts.element_bytes == 4 && facts.length % whole != 0));
+    if (limits.shared_row_blocks_per_sm < 1 || (OneBlockCaches(facts, limits) && !realign && !wide)) {
       return absl::nullopt;
     }
     // Few rows: a cluster spreads each over several SMs (where there are clusters).

@@ -39,12 +39,14 @@
 // after another (fill, reduce, store), so HBM idles while a row reduces; CudaLongRows::
 // kSharedPrefetch (fixtures <name>_smp, not chosen automatically until measured) gives a block two
 // caches and starts the fill of its next row before the current row's phases.
-// Rows of one 16-bit load (a bf16/f16 softmax, no other load along the row) that registers hold
-// only with more than kWideRowValues values a thread at shared_row_block threads (kBlockPerRow's
-// 1024-thread blocks) take kSharedRow too. Measured on the H200 (fixtures, 2026-11-22, % of
-// copy, registers against kSharedRow): bf16 4096 x 32000 33.2% vs 86.7% (two caches), 32001
-// 47.2% vs 81.7%; at 512 threads registers win (bf16 8192 x 16384 87.6% vs 83.8%). f32 rows keep
-// registers (4096 x 32000 81.7% vs 89.1%, 2048 x 32768 88.4%: not measured side by side).
+// Rows of one load (a softmax; no other load along the row) that registers hold only with more
+// than kWideRowValues values a thread at shared_row_block threads (kBlockPerRow's 1024-thread
+// blocks) take kSharedRow too: 16-bit rows always, f32 rows unless they are whole chunks of a
+// 1024-thread block (no ragged last chunk). Measured on the H200 (fixtures, 2026-11-22, % of copy,
+// registers against kSharedRow): bf16 4096 x 32000 33.2% vs 86.7% (two caches), 32001 47.2% vs
+// 81.7%; f32 4096 x 32000 81.8% vs 88.9%, 8192 x 20000 76.5% vs 89.5%, 4096 x 24001 56.0% vs
+// 84.1% (two caches); but f32 2048 x 32768 87.8% vs 84.2% (log_softmax 82.5% vs 84.5%); at 512
+// threads registers win (bf16 8192 x 16384 87.6% vs 83.8%, f32 8192 x 16384 93.7% vs 89.7%).
 // Rows that one block's registers would hold take kSharedRow too when their stores are stray
 // (ClusterRowFacts::stray_stores) and every thread has a vector of the row: registers hold each
 // value at its load's alignment, so such stores would go element by element (bf16 softmax of

@@ -247,7 +247,7 @@ TEST(ChooseSharedRows, RowsInRegistersWithStrayStoresTakeTheRowCache) {
   EXPECT_FALSE(ChooseSharedRows(sliced, limits, false));
 }
 
-TEST(ChooseSharedRows, Bf16RowsThatNeedBlocksOf1024ThreadsInRegistersTakeTheRowCache) {
+TEST(ChooseSharedRows, RowsThatNeedBlocksOf1024ThreadsInRegistersTakeTheRowCache) {
   ClusterRowLimits limits;
   limits.static_shared_bytes = 256;
   limits.shared_row_buffers = 0;  // kAuto on sm_90
@@ -257,9 +257,15 @@ TEST(ChooseSharedRows, Bf16RowsThatNeedBlocksOf1024ThreadsInRegistersTakeTheRowC
   ASSERT_TRUE(c);
   EXPECT_EQ(c->block, 512);
   EXPECT_EQ(c->buffers, 2);
-  // 16384 columns: 32 values a thread at 512 threads, registers. f32 32000: registers.
+  // 16384 columns: 32 values a thread at 512 threads, registers.
   EXPECT_FALSE(ChooseSharedRows(Row(16384, int64_t{8192}, 8, 2), limits, false));
-  EXPECT_FALSE(ChooseSharedRows(Row(32000, int64_t{4096}, 4, 4), limits, false));
+  // f32 32000 and 20000: the row cache (one: two do not fit 32000); f32 32768, whole chunks of a
+  // 1024-thread block: registers.
+  c = ChooseSharedRows(Row(32000, int64_t{4096}, 4, 4), limits, false);
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->buffers, 1);
+  EXPECT_TRUE(ChooseSharedRows(Row(20000, int64_t{8192}, 4, 4), limits, false));
+  EXPECT_FALSE(ChooseSharedRows(Row(32768, int64_t{2048}, 4, 4), limits, false));
   // Another load along the row (a layer norm's weight): registers.
   ClusterRowFacts norm = Row(32000, int64_t{4096}, 8, 2);
   norm.other_loads = 2;

@@ -35,6 +35,9 @@ CASES = [
     ("softmax bf16 4096 x 32001", "bfloat16", 4096, 32001, ""),
     ("softmax bf16 4096 x 32001 of x[:, 1:]", "bfloat16", 4096, 32002, "head"),
     ("softmax fp16 4096 x 24000", "float16", 4096, 24000, ""),
+    ("softmax f32 4096 x 32000", "float32", 4096, 32000, ""),
+    ("softmax f32 8192 x 20000", "float32", 8192, 20000, ""),
+    ("softmax f32 2048 x 32768", "float32", 2048, 32768, ""),
     ("softmax bf16 8192 x 16384", "bfloat16", 8192, 16384, ""),
     ("softmax bf16 8192 x 16001 of x[:, 1:]", "bfloat16", 8192, 16002, "head"),
 ]
