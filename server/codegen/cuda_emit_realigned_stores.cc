@@ -12,25 +12,11 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/types/optional.h"
 #include "server/codegen/cuda_kernel_emitter.h"
 #include "server/codegen/exp_reuse.h"
 #include "server/kernel/kernel_ir.h"
 
 namespace kiln::codegen::internal {
-
-namespace {
-
-// Contiguous along `x`, with a constant offset and constant strides (Residues applies).
-bool ConstantAlong(const Index& index, const Var& x) {
-  if (ConstStride(index, x) != absl::optional<int64_t>(1) || !index.offset.AsConst()) return false;
-  for (const IndexTerm& t : index.terms) {
-    if (!t.stride.AsConst()) return false;
-  }
-  return true;
-}
-
-}  // namespace
 
 VecPlan CudaKernelEmitter::PlanRealignedStores(const std::vector<Stmt>& stmts, const VecPlan& plan) {
   if (launch_.layout != CudaLayout::kSharedRow || !smem_vec_ || plan.shift.empty()) return VecPlan();

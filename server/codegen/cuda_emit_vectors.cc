@@ -88,14 +88,8 @@ VecPlan CudaKernelEmitter::PlanShiftedVector(const std::vector<Stmt>& stmts, con
   VecPlan plan;
   if (!cuda_.vectorize) return plan;
   Accesses loads, stores;
-  auto candidate = [&](const Index& index) {
-    if (ConstStride(index, x) != absl::optional<int64_t>(1) || !index.offset.AsConst()) return false;
-    for (const IndexTerm& t : index.terms) {
-      if (!t.stride.AsConst()) return false;
-    }
-    return true;
-  };
-  const int width = VectorCandidates(stmts, candidate, &loads, &stores);
+  const int width =
+      VectorCandidates(stmts, [&](const Index& index) { return ConstantAlong(index, x); }, &loads, &stores);
   if (width <= 1) return plan;
   const auto& [anchor_buffer, anchor_index] = loads.empty() ? stores.front() : loads.front();
   const std::map<std::string, int64_t> anchor_residues = Residues(anchor_index, x, width);
@@ -116,6 +110,14 @@ VecPlan CudaKernelEmitter::PlanShiftedVector(const std::vector<Stmt>& stmts, con
   plan.checks.assign(checks.begin(), checks.end());
   plan.shift = ShiftCode(anchor_buffer, anchor_index, x, width);
   return plan;
+}
+
+bool ConstantAlong(const Index& index, const Var& x) {
+  if (ConstStride(index, x) != absl::optional<int64_t>(1) || !index.offset.AsConst()) return false;
+  for (const IndexTerm& t : index.terms) {
+    if (!t.stride.AsConst()) return false;
+  }
+  return true;
 }
 
 std::map<std::string, int64_t> Residues(const Index& index, const Var& x, int width) {

@@ -59,6 +59,10 @@ absl::optional<int64_t> ConstStride(const Index& index, const Var& var);
 // The load nodes of the values of `stmts`, each node once, in post-order (masks first).
 std::vector<const ExprNode*> LoadsOf(const std::vector<Stmt>& stmts);
 
+// Whether `index` is contiguous along `x` with a constant offset and constant strides (what
+// shifted vector rows and Residues need).
+bool ConstantAlong(const Index& index, const Var& x);
+
 // The offset and the constant strides of every variable but `x` of `index` (all constant)
 // modulo `width`, the zero strides left out: accesses with equal residues lie equally far past a
 // width boundary in every row, given pointers that do.
