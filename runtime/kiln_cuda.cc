@@ -27,6 +27,9 @@ using CUstream = void*;
 constexpr CUresult kCudaSuccess = 0;
 constexpr int kAttrMaxThreadsPerBlock = 0;      // CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK
 constexpr int kAttrMaxDynamicSharedBytes = 8;   // CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+constexpr int kAttrRequiredClusterWidth = 11;   // CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH
+constexpr int kAttrNonPortableCluster = 14;     // CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED
+constexpr int kPortableClusterSize = 8;
 constexpr uint16_t kEmCuda = 190;
 constexpr int kMaxParams = 512;                 // 4 KB of 8-byte kernel parameters
 
@@ -321,6 +324,20 @@ int kiln_cuda_module_add_kernel(kiln_cuda_module* module, const char* symbol, in
     }
     r = g_driver.FuncGetAttribute(&k.max_threads, kAttrMaxThreadsPerBlock, k.function);
     if (r != kCudaSuccess) return CudaFail("cuFuncGetAttribute", r);
+    // A kernel of __cluster_dims__ over the portable 8 blocks (kiln's 16 x 512-thread row
+    // clusters) launches only once it allows non-portable cluster sizes.
+    int cluster_width = 0;
+    if (g_driver.FuncGetAttribute(&cluster_width, kAttrRequiredClusterWidth, k.function) ==
+            kCudaSuccess &&
+        cluster_width > kPortableClusterSize) {
+      r = g_driver.FuncSetAttribute(k.function, kAttrNonPortableCluster, 1);
+      if (r != kCudaSuccess) {
+        return Fail(KILN_ERROR_CUDA, std::string("kiln_cuda_module_add_kernel: kernel ") + symbol +
+                                         " has clusters of " + std::to_string(cluster_width) +
+                                         " blocks, and this driver or GPU refuses sizes over 8 "
+                                         "(cuFuncSetAttribute: " + ResultText(r) + ")");
+      }
+    }
     if (g_driver.FuncGetParamInfo != nullptr) {
       size_t offset = 0, bytes = 0;
       int n = 0;

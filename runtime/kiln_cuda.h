@@ -68,7 +68,9 @@ int kiln_cuda_init(void);
 int kiln_cuda_driver_version(int* out_version);
 
 int kiln_cuda_module_load(const void* data, size_t size, int device, kiln_cuda_module** out);
-/* Resolves `symbol` (the same index for the same symbol). */
+/* Resolves `symbol` (the same index for the same symbol). A kernel whose __cluster_dims__ exceed
+   the portable 8 blocks gets CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED here (an error
+   where the driver refuses it). */
 int kiln_cuda_module_add_kernel(kiln_cuda_module* module, const char* symbol, int32_t* out_index);
 int kiln_cuda_module_num_kernels(const kiln_cuda_module* module, int32_t* out_count);
 int kiln_cuda_run_launches(const kiln_cuda_module* module, const kiln_cuda_launch* launches,

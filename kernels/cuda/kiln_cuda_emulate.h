@@ -9,7 +9,7 @@
 // warp's 32 threads; blocks run one after another (so a __shared__ array can be a static), except
 // the blocks of one cluster (kiln_cuda_cluster.cuh), which run concurrently: their shared memory
 // is cluster_smem (one arena per block, not a static), cluster_sync is a barrier of the cluster's
-// threads and cluster_word reads another block's arena at the same offset. Dynamic shared memory
+// threads and cluster_words reads another block's arena at the same offset. Dynamic shared memory
 // (dynamic_smem) is an arena of the launch's shared_bytes per block, filled with garbage.
 // Never embedded into generated code.
 

@@ -1,6 +1,10 @@
 // CudaKernelEmitter (cuda_kernel_emitter.h): the end of a row kernel's phase: pass B of the
 // two-pass statistics (online softmax, Welford) over the cached values, with the exps kept for
-// later phases (exp_reuse.h), and the all-reduce of each accumulator in the row's layout.
+// later phases (exp_reuse.h), and the all-reduce of each accumulator in the row's layout. A
+// softmax over a cluster's blocks (kClusterRow) takes each block's max and sum and folds the
+// pairs across the cluster once, instead of two cluster all-reduces (max, then sum): one cluster
+// barrier fewer per row; the cached exps are then relative to the block's max and later phases
+// scale them by exp(block max - row max).
 
 #include <cstdint>
 #include <set>
@@ -78,6 +82,10 @@ void CudaKernelEmitter::SeedScope() {
       auto vec = plan_->loads.find(tp.key);
       if (vec != plan_->loads.end()) slot = absl::StrCat(vec->second.name, ".v[", lane_, "]");
     }
+    // A cluster's softmax cached exps of the block's max (EmitAllReduces): rescaled to the row's.
+    if (FoldsSoftmaxInCluster() && k_.accumulators[id].kind == AccKind::kOnlineSoftmax) {
+      slot = absl::StrCat("(", slot, " * kiln_rs", id, ")");
+    }
     for (const ExprNode* e : tp.exp_nodes) scopes_.back()[e] = slot;
   }
 }
@@ -115,15 +123,23 @@ void CudaKernelEmitter::EmitAllReduces(const std::vector<Stmt>& stmts, int64_t c
     }
     const std::string t = ValueType(s.acc.dtype);
     const bool softmax = s.acc.kind == AccKind::kOnlineSoftmax;
-    if (softmax) {
+    // A cluster's softmax: the block's max, then the block's sum, then one fold of the (max, sum)
+    // pairs across the cluster (FoldsSoftmaxInCluster).
+    const bool fold = softmax && FoldsSoftmaxInCluster();
+    const bool reuse = softmax && !two->second.exp_nodes.empty();
+    if (fold) {
+      w_.Linef(acc, ".max = kiln_cuda::block_allreduce<", launch_.block / 32, ">(", acc,
+               ".max, kiln_cuda::MaxOp(), kiln_smem);");
+    } else if (softmax) {
       allreduce(acc + ".max", "kiln_cuda::MaxOp()");
     } else {
       allreduce(acc + ".mean", "kiln_cuda::SumOp()");
       w_.Linef(acc, ".mean = ", acc, ".mean / static_cast<", t, ">(", total, ");");
     }
     w_.Open("");
-    if (softmax && two->second.exp_nodes.empty()) {
-      // An all -inf row: max -inf, every exp(-inf - 0) = 0, so sum 0 as the online rule.
+    if (softmax && (!reuse || fold)) {
+      // An all -inf row (or block's part of it): max -inf, every exp(-inf - 0) = 0, so sum 0 as
+      // the online rule.
       w_.Linef("const ", t, " kiln_m = ", acc, ".max == -kiln_cuda::inf<", t, ">() ? ", t,
                "(0) : ", acc, ".max;");
     }
@@ -148,8 +164,9 @@ void CudaKernelEmitter::EmitAllReduces(const std::vector<Stmt>& stmts, int64_t c
     auto lane = [&](int j) {
       lane_ = width_ == 1 ? -1 : j;
       const std::string x = SlotValue(two->second.array);
-      if (softmax && !two->second.exp_nodes.empty()) {
-        w_.Linef(x, " = ", PassBExp(s.acc.id), x, " - ", acc, ".max);");  // not 16-bit (PlanExpReuse)
+      if (reuse) {
+        w_.Linef(x, " = ", PassBExp(s.acc.id), x, " - ", fold ? "kiln_m" : acc + ".max",
+                 ");");  // not 16-bit (PlanExpReuse)
         w_.Linef(acc, ".sum += ", x, ";");
       } else if (softmax) {
         w_.Linef(acc, ".sum += ", PassBExp(s.acc.id), x, " - kiln_m);");
@@ -181,9 +198,24 @@ void CudaKernelEmitter::EmitAllReduces(const std::vector<Stmt>& stmts, int64_t c
     if (guard) w_.Close();
     w_.Close();
     w_.Close();
-    if (softmax) {
+    if (fold) {
+      w_.Linef(acc, ".sum = kiln_cuda::block_allreduce<", launch_.block / 32, ">(", acc,
+               ".sum, kiln_cuda::SumOp(), kiln_smem);");
+      if (reuse) w_.Linef("const ", t, " kiln_bm", s.acc.id, " = ", acc, ".max;");
+      w_.Linef(acc, " = kiln_cuda::cluster_fold<", launch_.cluster, ">(", acc,
+               ", kiln_cuda::MergeOp(), kiln_pub, &kiln_parity);");
+      if (reuse) {
+        // The cached exps are exp(x - the block's max): later phases take them times
+        // exp(block max - row max). A block whose part is all -inf cached zeros (kiln_m) and
+        // scales them by 0 unless the row's max is -inf or NaN, where exp(-inf - max) is NaN as
+        // torch's softmax of such a row.
+        w_.Linef("const ", t, " kiln_rs", s.acc.id, " = kiln_bm", s.acc.id, " == -kiln_cuda::inf<",
+                 t, ">() && ", acc, ".max > -kiln_cuda::inf<", t, ">() ? ", t,
+                 "(0) : kiln_cuda::exp(kiln_bm", s.acc.id, " - ", acc, ".max);");
+      }
+    } else if (softmax) {
       allreduce(acc + ".sum", "kiln_cuda::SumOp()");
-      if (!two->second.exp_nodes.empty()) {
+      if (reuse) {
         // The exps are exp(x - max) exactly as later phases compute them (NaN for an all -inf
         // row); the online rule's sum of that row is 0.
         w_.Linef("if (", acc, ".max == -kiln_cuda::inf<", t, ">()) ", acc, ".sum = ", t, "(0);");

@@ -182,6 +182,7 @@ ClusterRowLimits CudaKernelEmitter::LongRowLimits(bool shifted_rows, int shifted
   ClusterRowLimits limits;
   limits.num_sms = num_sms_;
   limits.max_cluster = cuda_.max_cluster;
+  limits.max_small_cluster = cuda_.max_small_cluster;
   limits.max_row_block = cuda_.max_row_block;
   // Shifted rows hold their shift and scalar edge paths too: a vector and at least a quarter
   // fewer cached values (50257 softmax, ptxas at 64 registers: bf16 with 32 values and f32 with
@@ -192,7 +193,7 @@ ClusterRowLimits CudaKernelEmitter::LongRowLimits(bool shifted_rows, int shifted
                    : cuda_.row_values;
   limits.max_cached_values = cuda_.max_cached_values;
   if (long_rows_ == CudaLongRows::kBlockPerRow) limits.l2_row_bytes = kL2RowBytes;  // forced: capped grid
-  if (!ArchHasClusters(cuda_.arch)) limits.max_cluster = 0;
+  if (!ArchHasClusters(cuda_.arch)) limits.max_cluster = limits.max_small_cluster = 0;
   const SharedMemorySize smem = SharedMemoryOf(cuda_.arch);
   limits.shared_bytes_per_sm = smem.per_sm;
   limits.max_shared_bytes_per_block = smem.per_block;

@@ -158,6 +158,10 @@ struct CudaEmitOptions {
   int row_values = 32;       // row kernels: cached values per thread a block size aims at
   int max_row_block = 1024;  // row kernels: the largest block
   int max_cluster = 8;       // kClusterRow: blocks per cluster (< 2: never; sm_8x: never)
+  // kClusterRow with blocks two of which fit an SM (512 threads): up to this many blocks, past the
+  // portable 8 (sm_90 schedules 16 when the kernel allows non-portable sizes, which the runtime
+  // sets for kernels of clusters over 8). <= max_cluster: the portable limit only.
+  int max_small_cluster = 16;
   int shared_row_blocks_per_sm = 1;  // kAuto takes kSharedRow where this many blocks fit an SM
                                      // (cuda_long_rows.h; 0: never, 2: up to ~112 KiB a block)
   int shared_row_block = 512;        // kSharedRow: threads per block (at most max_row_block)

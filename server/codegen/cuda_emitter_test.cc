@@ -536,22 +536,25 @@ KILN_DEV void kiln_kernel_0_body(const float* __restrict__ b0, float* __restrict
           }
         }
       }
-      acc0.max = kiln_cuda::cluster_allreduce<16, 4>(acc0.max, kiln_cuda::MaxOp(), kiln_smem, kiln_pub, &kiln_parity);
+      acc0.max = kiln_cuda::block_allreduce<16>(acc0.max, kiln_cuda::MaxOp(), kiln_smem);
       {
+        const float kiln_m = acc0.max == -kiln_cuda::inf<float>() ? float(0) : acc0.max;
 #pragma unroll
         for (int kiln_e = 0; kiln_e < 8; ++kiln_e) {
-          kiln_c0[kiln_e * 4 + 0] = kiln_cuda::exp(kiln_c0[kiln_e * 4 + 0] - acc0.max);
+          kiln_c0[kiln_e * 4 + 0] = kiln_cuda::exp(kiln_c0[kiln_e * 4 + 0] - kiln_m);
           acc0.sum += kiln_c0[kiln_e * 4 + 0];
-          kiln_c0[kiln_e * 4 + 1] = kiln_cuda::exp(kiln_c0[kiln_e * 4 + 1] - acc0.max);
+          kiln_c0[kiln_e * 4 + 1] = kiln_cuda::exp(kiln_c0[kiln_e * 4 + 1] - kiln_m);
           acc0.sum += kiln_c0[kiln_e * 4 + 1];
-          kiln_c0[kiln_e * 4 + 2] = kiln_cuda::exp(kiln_c0[kiln_e * 4 + 2] - acc0.max);
+          kiln_c0[kiln_e * 4 + 2] = kiln_cuda::exp(kiln_c0[kiln_e * 4 + 2] - kiln_m);
           acc0.sum += kiln_c0[kiln_e * 4 + 2];
-          kiln_c0[kiln_e * 4 + 3] = kiln_cuda::exp(kiln_c0[kiln_e * 4 + 3] - acc0.max);
+          kiln_c0[kiln_e * 4 + 3] = kiln_cuda::exp(kiln_c0[kiln_e * 4 + 3] - kiln_m);
           acc0.sum += kiln_c0[kiln_e * 4 + 3];
         }
       }
-      acc0.sum = kiln_cuda::cluster_allreduce<16, 4>(acc0.sum, kiln_cuda::SumOp(), kiln_smem, kiln_pub, &kiln_parity);
-      if (acc0.max == -kiln_cuda::inf<float>()) acc0.sum = float(0);
+      acc0.sum = kiln_cuda::block_allreduce<16>(acc0.sum, kiln_cuda::SumOp(), kiln_smem);
+      const float kiln_bm0 = acc0.max;
+      acc0 = kiln_cuda::cluster_fold<4>(acc0, kiln_cuda::MergeOp(), kiln_pub, &kiln_parity);
+      const float kiln_rs0 = kiln_bm0 == -kiln_cuda::inf<float>() && acc0.max > -kiln_cuda::inf<float>() ? float(0) : kiln_cuda::exp(kiln_bm0 - acc0.max);
       // phase 1
 #pragma unroll
       for (int kiln_e = 0; kiln_e < 8; ++kiln_e) {
@@ -562,25 +565,25 @@ KILN_DEV void kiln_kernel_0_body(const float* __restrict__ b0, float* __restrict
           {
             const idx_t kiln_r = kiln_rb + 0;
             const idx_t r0 = kiln_r;
-            const float v4 = kiln_c0[kiln_e * 4 + 0] * (float(1) / acc0.sum);
+            const float v4 = (kiln_c0[kiln_e * 4 + 0] * kiln_rs0) * (float(1) / acc0.sum);
             kiln_sv0.v[0] = v4;
           }
           {
             const idx_t kiln_r = kiln_rb + 1;
             const idx_t r0 = kiln_r;
-            const float v5 = kiln_c0[kiln_e * 4 + 1] * (float(1) / acc0.sum);
+            const float v5 = (kiln_c0[kiln_e * 4 + 1] * kiln_rs0) * (float(1) / acc0.sum);
             kiln_sv0.v[1] = v5;
           }
           {
             const idx_t kiln_r = kiln_rb + 2;
             const idx_t r0 = kiln_r;
-            const float v6 = kiln_c0[kiln_e * 4 + 2] * (float(1) / acc0.sum);
+            const float v6 = (kiln_c0[kiln_e * 4 + 2] * kiln_rs0) * (float(1) / acc0.sum);
             kiln_sv0.v[2] = v6;
           }
           {
             const idx_t kiln_r = kiln_rb + 3;
             const idx_t r0 = kiln_r;
-            const float v7 = kiln_c0[kiln_e * 4 + 3] * (float(1) / acc0.sum);
+            const float v7 = (kiln_c0[kiln_e * 4 + 3] * kiln_rs0) * (float(1) / acc0.sum);
             kiln_sv0.v[3] = v7;
           }
           kiln_cuda::store_vec<4>(b1 + (o0 * 65536 + r0), kiln_sv0);
@@ -600,23 +603,26 @@ KILN_DEV void kiln_kernel_0_body(const float* __restrict__ b0, float* __restrict
         const float v8 = kiln_c0[kiln_e];
         acc0.max = kiln_cuda::max_nan(acc0.max, v8);
       }
-      acc0.max = kiln_cuda::cluster_allreduce<16, 4>(acc0.max, kiln_cuda::MaxOp(), kiln_smem, kiln_pub, &kiln_parity);
+      acc0.max = kiln_cuda::block_allreduce<16>(acc0.max, kiln_cuda::MaxOp(), kiln_smem);
       {
+        const float kiln_m = acc0.max == -kiln_cuda::inf<float>() ? float(0) : acc0.max;
 #pragma unroll
         for (int kiln_e = 0; kiln_e < 32; ++kiln_e) {
-          kiln_c0[kiln_e] = kiln_cuda::exp(kiln_c0[kiln_e] - acc0.max);
+          kiln_c0[kiln_e] = kiln_cuda::exp(kiln_c0[kiln_e] - kiln_m);
           acc0.sum += kiln_c0[kiln_e];
         }
       }
-      acc0.sum = kiln_cuda::cluster_allreduce<16, 4>(acc0.sum, kiln_cuda::SumOp(), kiln_smem, kiln_pub, &kiln_parity);
-      if (acc0.max == -kiln_cuda::inf<float>()) acc0.sum = float(0);
+      acc0.sum = kiln_cuda::block_allreduce<16>(acc0.sum, kiln_cuda::SumOp(), kiln_smem);
+      const float kiln_bm0 = acc0.max;
+      acc0 = kiln_cuda::cluster_fold<4>(acc0, kiln_cuda::MergeOp(), kiln_pub, &kiln_parity);
+      const float kiln_rs0 = kiln_bm0 == -kiln_cuda::inf<float>() && acc0.max > -kiln_cuda::inf<float>() ? float(0) : kiln_cuda::exp(kiln_bm0 - acc0.max);
       // phase 1
 #pragma unroll
       for (int kiln_e = 0; kiln_e < 32; ++kiln_e) {
         const idx_t kiln_rb = static_cast<idx_t>(kiln_e) * 2048 + kiln_lane;
         const idx_t kiln_r = kiln_rb;
         const idx_t r0 = kiln_r;
-        const float v9 = kiln_c0[kiln_e] * (float(1) / acc0.sum);
+        const float v9 = (kiln_c0[kiln_e] * kiln_rs0) * (float(1) / acc0.sum);
         b1[o0 * 65536 + r0] = v9;
       }
     }
@@ -864,10 +870,26 @@ TEST(CudaEmitter, ClustersOnlyOnSm90AndForFewLongRowsOrRowsTooLongForABlock) {
   EXPECT_EQ(s80->launches[0].layout, CudaLayout::kBlockPerRow);
   EXPECT_EQ(s80->launches[0].cluster, 1);
   EXPECT_FALSE(absl::StrContains(s80->source.substr(s80->prelude.size()), "cluster"));
+  // 262144 columns: 16 blocks of 512 threads (a non-portable cluster size: the runtime allows it
+  // per kernel), two blocks an SM; 8 x 1024 within the portable limit.
+  std::string src = EmitOne(kt::RowSoftmax(262144, false), true, &launch);
+  EXPECT_EQ(launch.layout, CudaLayout::kClusterRow);
+  EXPECT_EQ(launch.cluster, 16);
+  EXPECT_EQ(launch.block, 512);
+  EXPECT_TRUE(absl::StrContains(src, "__cluster_dims__(16, 1, 1) __launch_bounds__(512, 2)"));
+  CudaEmitOptions portable;
+  portable.include_prelude = false;
+  portable.max_small_cluster = 0;
+  absl::StatusOr<Kernel> long_rows = kt::RowSoftmax(262144, false);
+  ASSERT_TRUE(long_rows.ok());
+  absl::StatusOr<CudaSource> s8 = EmitCudaSource({*long_rows}, portable);
+  ASSERT_TRUE(s8.ok());
+  EXPECT_EQ(s8->launches[0].cluster, 8);
+  EXPECT_EQ(s8->launches[0].block, 1024);
   // The vocabulary softmax: odd length, bf16 (vectors of 8 shifted to each row's alignment), an
   // unknown number of rows: by default one block per row caching it in shared memory
   // (cuda_long_rows.h; golden below).
-  std::string src = EmitOne(kt::RowSoftmaxBf16(50257), true, &launch);
+  src = EmitOne(kt::RowSoftmaxBf16(50257), true, &launch);
   EXPECT_EQ(launch.layout, CudaLayout::kSharedRow);
   EXPECT_EQ(launch.cluster, 1);
   // Forced to one uncached block of 1024 per row, read twice, with two blocks per SM at most
@@ -902,8 +924,8 @@ TEST(CudaEmitter, ClustersOnlyOnSm90AndForFewLongRowsOrRowsTooLongForABlock) {
   EXPECT_EQ(launch.cluster, 5);
   EXPECT_EQ(launch.vector_width, 8);
   EXPECT_EQ(launch.cached_values, 24);
-  EXPECT_EQ(Count(src, "cluster_allreduce<16, 5>("), 3)
-      << "max and sum (vector path); the uncached scalar path's online softmax";
+  EXPECT_EQ(Count(src, "cluster_fold<5>("), 1) << "the vector path's block max and sum, folded once";
+  EXPECT_EQ(Count(src, "cluster_allreduce<16, 5>("), 1) << "the uncached scalar path's online softmax";
   // Per kernel: the second of two copies forced to one block per row.
   clusters.kernel_long_rows = {CudaLongRows::kCluster, CudaLongRows::kBlockPerRow};
   forced = EmitCudaSource({*vocab, *vocab}, clusters);

@@ -416,13 +416,19 @@ void RunCases(std::vector<Case> cases, const CudaEmitOptions& options, Expect ex
       Storage s = Allocate(static_cast<size_t>(*n) * elem, past, elem);
       Fill(s, b.dtype, b.access != Access::kWrite, rng);
       if (c.special_row > 0 && b.access != Access::kWrite && b.dtype == ScalarType::kFloat32) {
-        // Row 0 all -inf (softmax: 0 / 0), a NaN in row 1, a few -inf in row 2.
+        // Row 0 all -inf (softmax: 0 / 0), a NaN in row 1, a few -inf in row 2; row 3 (where
+        // there is one) all -inf but its first element, so that a cluster's other blocks hold
+        // only -inf (their exps scale by 0, not by exp(inf)).
         float* p = static_cast<float*>(s.ptr());
         const int64_t r = c.special_row;
         for (int64_t j = 0; j < r; ++j) p[j] = -INFINITY;
         p[r + r / 3] = NAN;
         p[2 * r + 1] = -INFINITY;
         p[2 * r + r - 1] = -INFINITY;
+        if (*n >= 4 * r) {
+          for (int64_t j = 1; j < r; ++j) p[3 * r + j] = -INFINITY;
+          p[3 * r] = 1.5f;
+        }
       }
       Storage t = Allocate(s.size, past, elem);
       std::memcpy(t.ptr(), s.ptr(), s.size);

@@ -312,6 +312,9 @@ class CudaKernelEmitter : public CpuKernelEmitter {
   }
   // In a later phase's element scope: the exp(x - max) nodes read the overwritten cache.
   void SeedScope();
+  // Whether a softmax's statistics fold once across the cluster (the block's max and sum, then
+  // the pairs' merge) rather than in two cluster all-reduces: every kClusterRow kernel.
+  bool FoldsSoftmaxInCluster() const { return launch_.layout == CudaLayout::kClusterRow; }
   // Pass B of the two-pass accumulators folded in `stmts`, and the all-reduces of every
   // accumulator the phase folded.
   void EmitAllReduces(const std::vector<Stmt>& stmts, int64_t chunks, int64_t total);

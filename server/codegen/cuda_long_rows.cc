@@ -143,7 +143,10 @@ absl::optional<ClusterRowChoice> ChooseClusterRows(const ClusterRowFacts& facts,
   // Rows enough, and a row per SM fits the L2: one block per row, read twice.
   if (PreferUncachedRows(facts, limits)) return absl::nullopt;
   for (int block : {small, large}) {
-    for (int cluster = 2; cluster <= limits.max_cluster; ++cluster) {
+    // Two blocks of an SM at <= 64 registers a thread: up to max_small_cluster.
+    const bool two_per_sm = 2 * block <= kThreadsPerSm / 2;
+    const int most = two_per_sm ? std::max(limits.max_cluster, limits.max_small_cluster) : limits.max_cluster;
+    for (int cluster = 2; cluster <= most; ++cluster) {
       if (fits(block, cluster)) {
         return ClusterRowChoice{std::max(cluster, ParallelBlocks(facts, block, limits)), block};
       }

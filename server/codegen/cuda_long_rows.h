@@ -86,6 +86,13 @@ inline constexpr int64_t kL2RowBytes = int64_t{32} << 20;
 struct ClusterRowLimits {
   int num_sms = 132;
   int max_cluster = 8;       // blocks per cluster (8: the portable limit); < 2: never
+  // Blocks per cluster of blocks that two fit an SM (<= 512 threads), where a row needs more than
+  // max_cluster of them in registers: clusters of 16 x 512 span 8 SMs as 8 x 1024 do, but two
+  // blocks of an SM overlap one's loads with the other's reductions. Measured on the H200
+  // (fixtures, tests/gpu/cuda_kernels_check.py, 2026-11-22; emit_cuda_fixtures
+  // --portable_clusters for 8 x 1024): softmax f32 64 x 262144 58.0-59.1 us against 65.4-67.2,
+  // log_softmax 56.8-57.0 against 65.2-65.9, softmax bf16 44 against 48. 0: max_cluster only.
+  int max_small_cluster = 16;
   int max_row_block = 1024;  // threads per block
   int row_values = 32;       // cached values per thread a block aims at
   int max_cached_values = 64;  // the emitter's register budget (also <= 65536 / block / 2)

@@ -35,8 +35,15 @@ TEST(ChooseClusterRows, LongerRowsAreCachedByAClusterWithAtMost32ValuesPerThread
   c = ChooseClusterRows(Facts(131072, absl::nullopt, 1, 4), limits);
   ASSERT_TRUE(c);
   EXPECT_EQ(c->cluster * c->block, 4096);
-  // f32 262144 needs 8 x 1024 threads x 32 values; twice that is too long for any cluster.
+  // f32 262144 needs 8192 threads x 32 values: 16 x 512 (a non-portable size, two blocks an SM),
+  // or 8 x 1024 where clusters stay within the portable 8; twice that is too long for any cluster.
   c = ChooseClusterRows(Facts(262144, int64_t{64}, 1, 4), limits);
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->cluster, 16);
+  EXPECT_EQ(c->block, 512);
+  ClusterRowLimits portable;
+  portable.max_small_cluster = 0;
+  c = ChooseClusterRows(Facts(262144, int64_t{64}, 1, 4), portable);
   ASSERT_TRUE(c);
   EXPECT_EQ(c->cluster, 8);
   EXPECT_EQ(c->block, 1024);

@@ -5,8 +5,10 @@
 // bytes), scalars, buffers (dtype, shape, role) and what it computes.
 //
 //   KILN_NVRTC_PATH=.../libnvrtc.so.13 bazel run //server/codegen:emit_cuda_fixtures -- OUT_DIR
-//       [--arch=sm_90] [--small]
+//       [--arch=sm_90] [--small] [--portable_clusters]
 // OUT_DIR gets kernels_<arch>.cubin, kernels.cu and manifest.json. --small uses tiny sizes (tests).
+// --portable_clusters keeps clusters within 8 blocks (CudaEmitOptions::max_small_cluster = 0), to
+// compare against the default's 16-block clusters of 512-thread blocks.
 
 #include <stdlib.h>
 #include <unistd.h>
@@ -229,22 +231,25 @@ bool WriteFile(const std::string& path, const std::string& data) {
 
 int Main(int argc, char** argv) {
   std::string out_dir, arch = "sm_90";
-  bool small = false;
+  bool small = false, portable_clusters = false;
+  const char* usage = "usage: emit_cuda_fixtures OUT_DIR [--arch=sm_90] [--small] [--portable_clusters]\n";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a.rfind("--arch=", 0) == 0) {
       arch = a.substr(7);
     } else if (a == "--small") {
       small = true;
+    } else if (a == "--portable_clusters") {
+      portable_clusters = true;
     } else if (!a.empty() && a[0] != '-' && out_dir.empty()) {
       out_dir = a;
     } else {
-      fprintf(stderr, "usage: emit_cuda_fixtures OUT_DIR [--arch=sm_90] [--small]\n");
+      fprintf(stderr, "%s", usage);
       return 2;
     }
   }
   if (out_dir.empty()) {
-    fprintf(stderr, "usage: emit_cuda_fixtures OUT_DIR [--arch=sm_90] [--small]\n");
+    fprintf(stderr, "%s", usage);
     return 2;
   }
   // Under `bazel run`, relative paths are the caller's.
@@ -265,6 +270,7 @@ int Main(int argc, char** argv) {
   }
   CudaEmitOptions options;
   options.arch = arch;
+  if (portable_clusters) options.max_small_cluster = 0;
   for (const Fixture& f : fixtures) options.kernel_long_rows.push_back(f.long_rows);
   absl::StatusOr<CudaSource> src = EmitCudaSource(kernels, options);
   if (!src.ok()) {
