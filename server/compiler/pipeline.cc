@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "server/base/status_macros.h"
+#include "server/codegen/cuda_long_rows.h"
 #include "server/kernel/printer.h"
 #include "server/lower/conv_layout.h"
 #include "server/lower/lower.h"
@@ -39,6 +40,7 @@ absl::StatusOr<FrontEnd> LowerAndFuse(const graph::PreparedGraph& prepared, cons
   FrontEnd fe;
   lower::LowerOptions lower_options;
   lower_options.gpu = request.target().device() == v1::DEVICE_KIND_CUDA;
+  lower_options.gpu_clusters = lower_options.gpu && codegen::ArchHasClusters(request.target().cuda_arch());
   KILN_ASSIGN_OR_RETURN(fe.ops, lower::LowerGraph(prepared.graph, prepared.fallback_nodes, lower_options));
   if (lower_options.gpu) lower::ChooseConvLayouts(&fe.ops);
   timer->Done("lower");

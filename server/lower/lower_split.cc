@@ -20,6 +20,11 @@ constexpr int64_t kMinPartialLength = 2048;  // elements per partial row
 constexpr int64_t kMinSoftmaxChunk = 2048;   // softmax: columns per chunk
 constexpr int64_t kMaxSoftmaxRows = 128;     // softmax: fewer rows than a GPU has SMs
 constexpr int64_t kSoftmaxPartialRows = 8192;  // softmax: partial rows over all rows
+// With clusters (LowerOptions::gpu_clusters), f32 rows that a cluster holds stay one row op from
+// this many rows. GPU time per call on the H200 (tests/gpu/softmax_shapes.py, 2026-11-22), one
+// cluster per row against the split: 64 x 262144 55 vs 55 us, log_softmax 54 vs 55, 100 x
+// 131072 39 vs 43; but 16 x 262144 16 vs 12 (one wave of clusters: loads, then reductions).
+constexpr int64_t kMinClusterSoftmaxRows = 32;
 
 std::optional<graph::DType> ToDType(k::ScalarType t) {
   switch (t) {
@@ -76,6 +81,11 @@ absl::StatusOr<bool> SplitFewRowSoftmax(Lowerer& l, RowBuilder& b, int32_t x, k:
   int64_t rows = 1;
   for (size_t i = 0; i < domain.size(); ++i) rows *= static_cast<int>(i) == rd ? 1 : domain[i];
   if (rows >= kMaxSoftmaxRows || count < kMinCount) return false;
+  // A cluster per row reads an f32 row once in one kernel (split: 3 kernels and the row read twice).
+  if (l.options().gpu_clusters && out == k::ScalarType::kFloat32 && count <= kClusterSoftmaxColumns &&
+      rows >= kMinClusterSoftmaxRows) {
+    return false;
+  }
   // p chunks of the row (consecutive columns), about kSoftmaxPartialRows partial rows in all,
   // each of at least kMinSoftmaxChunk columns.
   const int64_t p = LargestDivisorAtMost(count, std::max<int64_t>(1, std::min(kSoftmaxPartialRows / rows,

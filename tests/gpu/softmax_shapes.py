@@ -1,7 +1,8 @@
 """Row softmaxes through torch.compile, kiln next to eager and Inductor, on shapes that pick
 different layouts in kilnd's CUDA emitter: vocabulary rows (32000, 50257), column-sliced inputs
-(x[:, 1:] and x[:, :-1] into contiguous outputs: loads and stores at different alignments), and
-rows just either side of the register / shared-memory limit. Prints one table; exit 1 if a graph
+(x[:, 1:] and x[:, :-1] into contiguous outputs: loads and stores at different alignments),
+rows just either side of the register / shared-memory limit, and few long rows (fewer rows than
+SMs: one thread-block cluster per row on sm_90, or a split into partials). Prints one table; exit 1 if a graph
 ran eagerly or kiln's largest error against the fp32 result exceeds twice Inductor's plus 4 units
 of the dtype's rounding at the largest result (f32 rows of 50257: errors of 2-4e-7 for both).
 
@@ -10,7 +11,8 @@ of the dtype's rounding at the largest result (f32 rows of 50257: errors of 2-4e
 
 Times: per call, CUDA events around each call enqueued back to back (gpu_models.time_calls), the
 median of --iters calls after 5 warm-ups; each call's host overhead is in the figure when the GPU
-is faster than the host.
+is faster than the host. GPU us: the GPU's own busy time per call (torch.profiler over 20 calls,
+gpu_models.kernel_table), without the host's time between a call's kernels.
 """
 import argparse
 import os
@@ -40,6 +42,11 @@ CASES = [
     ("softmax f32 2048 x 32768", "float32", 2048, 32768, ""),
     ("softmax bf16 8192 x 16384", "bfloat16", 8192, 16384, ""),
     ("softmax bf16 8192 x 16001 of x[:, 1:]", "bfloat16", 8192, 16002, "head"),
+    ("softmax f32 64 x 262144", "float32", 64, 262144, ""),
+    ("log_softmax f32 64 x 262144", "float32", 64, 262144, ""),
+    ("softmax f32 16 x 262144", "float32", 16, 262144, ""),
+    ("softmax f32 100 x 131072", "float32", 100, 131072, ""),
+    ("softmax bf16 64 x 262144", "bfloat16", 64, 262144, ""),
 ]
 
 
@@ -80,8 +87,8 @@ def main():
     try:
         print(f"# {gm.device_description(args.device)}")
         print("| case | eager us | Inductor us | kiln us | kiln vs Inductor | kiln vs eager | "
-              "max error vs fp32: kiln / Inductor |")
-        print("| --- | --- | --- | --- | --- | --- | --- |")
+              "GPU us: Inductor / kiln | max error vs fp32: kiln / Inductor |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- |")
         for name, dtype, rows, cols, view in cases:
             if args.only and args.only not in name:
                 continue
@@ -94,11 +101,14 @@ def main():
             err = {k: (f(x).float() - want).abs().max().item() for k, f in runs.items()}
             us = {k: gm.time_calls(lambda f=f: f(x), args.device, iters, warmup=5)[0] * 1e3
                   for k, f in runs.items()}
+            gpu = {k: gm.kernel_table(lambda f=f: f(x), 20)[1] for k in ("inductor", "kiln") for f in [runs[k]]} \
+                if args.device.startswith("cuda") else {}
+            gpu_cell = f"{gpu['inductor']:.0f} / {gpu['kiln']:.0f}" if gpu else "-"
             ulp = torch.finfo(x.dtype).eps * float(want.abs().max())
             if not err["kiln"] <= 2 * err["inductor"] + 4 * ulp:
                 bad.append(f"{name}: kiln's error {err['kiln']:.2e} against Inductor's {err['inductor']:.2e}")
             print(f"| {name} | {us['eager']:.0f} | {us['inductor']:.0f} | {us['kiln']:.0f} | "
-                  f"{us['inductor'] / us['kiln']:.2f}x | {us['eager'] / us['kiln']:.2f}x | "
+                  f"{us['inductor'] / us['kiln']:.2f}x | {us['eager'] / us['kiln']:.2f}x | {gpu_cell} | "
                   f"{err['kiln']:.2e} / {err['inductor']:.2e} |", flush=True)
         s = kiln.stats()
         print(f"\nkiln: {s['graphs']} graphs, {s['graph_fallbacks']} ran eagerly, {s['kernel_steps']} kernel steps")

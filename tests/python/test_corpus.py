@@ -352,6 +352,14 @@ case("softmax-split-few-long-rows", lambda x: x.softmax(-1), r(4, 262144))
 case("bf16-softmax-split-few-long-rows", lambda x: x.softmax(-1), r(2, 131072, dtype=bf16))
 case("log_softmax-split-dim0", lambda x: x.log_softmax(0), r(65536, 3))
 case("log_softmax-split-scaled", lambda x: (x / 0.7).log_softmax(-1), r(4, 131072))
+# 32+ f32 rows that a thread-block cluster holds: on sm_90 one row op (a cluster per row: each
+# block's max and sum, folded across the cluster), split as above on sm_80. A row of -inf only
+# (NaN), a row of -inf but its first element (the cluster's other blocks see only -inf), NaNs.
+case("softmax-cluster-rows", lambda x: torch.cat([
+    torch.full_like(x[:1], float("-inf")),
+    torch.cat([x[1:2, :1], torch.full_like(x[1:2, 1:], float("-inf"))], 1),
+    x[2:].masked_fill(x[2:] > 19.99, float("nan"))]).softmax(-1), r(40, 65536))
+case("log_softmax-cluster-rows", lambda x: x.log_softmax(-1), r(32, 131072))
 # +inf in a row makes it NaN in torch (exp(inf - inf)); some rows here have one, some none.
 case("softmax-pos-inf-rows", lambda x: x.masked_fill(x > 19.9, float("inf")).softmax(-1), r(64, 300))
 case("log_softmax-pos-inf-long-row", lambda x: x.masked_fill(x > 19.99, float("inf")).log_softmax(-1),
@@ -479,6 +487,8 @@ CUDA_ARCHS = ("sm_80", "sm_90")
 SPLIT_SOFTMAX = {"log_softmax-131072", "softmax-split-few-long-rows", "bf16-softmax-split-few-long-rows",
                  "log_softmax-split-dim0", "softmax-split-inf-rows", "log_softmax-split-scaled",
                  "softmax-split-pos-inf"}
+# Cases split so only where the arch has no clusters (sm_80; LowerOptions::gpu_clusters).
+SPLIT_SOFTMAX_WITHOUT_CLUSTERS = {"softmax-cluster-rows", "log_softmax-cluster-rows"}
 NVRTC = os.environ.get("KILN_NVRTC_PATH", "")
 REQUIRE_NVRTC = os.environ.get("KILN_REQUIRE_NVRTC") == "1"
 if DEVICE.startswith("cuda"):  # eager references in full fp32, like kiln's kernels
@@ -637,7 +647,8 @@ def test_graph_compiles_for_cuda(corpus, name):
         # other steps line up one to one.
         kernels = [s for s in plan.steps if s.WhichOneof("kind") == "kernel"]
         cpu_kernels = [c for c in cpu_plan.steps if c.WhichOneof("kind") == "kernel"]
-        expected = len(cpu_kernels) + (2 if name in SPLIT_SOFTMAX else 0)
+        split = name in SPLIT_SOFTMAX or (name in SPLIT_SOFTMAX_WITHOUT_CLUSTERS and arch == "sm_80")
+        expected = len(cpu_kernels) + (2 if split else 0)
         assert len(kernels) == expected, (arch, len(kernels), expected)
         steps = [s for s in plan.steps if s.WhichOneof("kind") != "kernel"]
         cpu_steps = [c for c in cpu_plan.steps if c.WhichOneof("kind") != "kernel"]
