@@ -3,6 +3,7 @@
 // SplitFewRowSoftmax in lower_internal.h).
 
 #include <algorithm>
+#include <functional>
 #include <optional>
 #include <set>
 #include <utility>
@@ -127,9 +128,9 @@ absl::StatusOr<bool> SplitFewRowSoftmax(Lowerer& l, RowBuilder& b, int32_t x, k:
   std::vector<int32_t> partials;
   KILN_RETURN_IF_ERROR(pb.Finish(&partials));
 
-  // 2. Per row, L = log(sum_c s_c exp(m_c)), the row's log-sum-exp: an online softmax over
-  //    m_c + log(s_c) (an all -inf chunk: -inf, no weight), L = its max + log(its sum). NaN in a
-  //    row makes its L NaN; an all -inf row gives -inf.
+  // 2. Per row, an online softmax over m_c + log(s_c) (an all -inf chunk: -inf, no weight): the
+  //    row's max M and sum S = sum_c s_c exp(m_c - M); log_softmax takes L = M + log(S), the
+  //    row's log-sum-exp. NaN in a row makes M NaN; an all -inf row gives M = -inf.
   RowBuilder cb{l, b.node_index, b.node, RowOp{}, {}};
   cb.row.name = row.name + "_lse";
   cb.row.inputs = partials;
@@ -139,27 +140,36 @@ absl::StatusOr<bool> SplitFewRowSoftmax(Lowerer& l, RowBuilder& b, int32_t x, k:
   cb.row.accs.push_back({k::AccKind::kOnlineSoftmax, ct, [pm, ps, ct](LoadContext& ctx, const std::vector<Affine>& idx) {
                            return k::Add(LoadAs(pm, ct)(ctx, idx), k::Log(LoadAs(ps, ct)(ctx, idx)));
                          }});
-  KILN_ASSIGN_OR_RETURN(LValue lse_value, NewRowValue(l, cb, *acc_dtype, lse_sizes, cb.row.name));
-  cb.outs.push_back(std::move(lse_value));
-  RowOutput lo;
-  lo.fn = [](LoadContext&, const AccReader& a, const std::vector<Affine>&) {
-    return k::Add(a(0, k::AccField::kMax), k::Log(a(0, k::AccField::kSum)));
-  };
-  cb.row.outputs.push_back(std::move(lo));
+  std::vector<std::function<k::ExprOr(const AccReader&)>> stats;
+  if (log) {
+    stats.push_back([](const AccReader& a) { return k::Add(a(0, k::AccField::kMax), k::Log(a(0, k::AccField::kSum))); });
+  } else {
+    stats.push_back([](const AccReader& a) { return a(0, k::AccField::kMax); });
+    stats.push_back([](const AccReader& a) { return a(0, k::AccField::kSum); });
+  }
+  for (const auto& stat : stats) {
+    KILN_ASSIGN_OR_RETURN(LValue stat_value, NewRowValue(l, cb, *acc_dtype, lse_sizes, cb.row.name));
+    cb.outs.push_back(std::move(stat_value));
+    RowOutput so;
+    so.fn = [stat](LoadContext&, const AccReader& a, const std::vector<Affine>&) { return stat(a); };
+    cb.row.outputs.push_back(std::move(so));
+  }
   std::vector<int32_t> lse;
   KILN_RETURN_IF_ERROR(cb.Finish(&lse));
 
-  // 3. The node's result, pointwise: exp(x - L) or x - L.
+  // 3. The node's result, pointwise: exp(x - M) / S (as the one-op softmax: exp(x - L) would
+  //    carry L's rounding, ~1e-6 relative at L ~ 25, into every result), or x - L.
   KILN_ASSIGN_OR_RETURN(LValue v, l.NewValue(b.node_index, b.node.type.tensor, ValueKind::kPointwise));
   if (v.sizes != domain) return absl::UnimplementedError("softmax result of unexpected shape");
   v.op = row.name;
-  v.inputs = {x, lse[0]};
-  const int32_t lv = lse[0];
-  v.elem = [xv, lv, ct, out, rd, log](LoadContext& ctx, const std::vector<Affine>& idx) {
+  v.inputs = {x};
+  v.inputs.insert(v.inputs.end(), lse.begin(), lse.end());
+  v.elem = [xv, lse, ct, out, rd, log](LoadContext& ctx, const std::vector<Affine>& idx) {
     std::vector<Affine> at(idx.begin(), idx.begin() + rd);
     at.insert(at.end(), idx.begin() + rd + 1, idx.end());
-    const k::ExprOr shifted = k::Sub(xv(ctx, idx), LoadAs(lv, ct)(ctx, at));
-    return k::Cast(out, log ? shifted : k::Exp(shifted));
+    const k::ExprOr shifted = k::Sub(xv(ctx, idx), LoadAs(lse[0], ct)(ctx, at));
+    if (log) return k::Cast(out, shifted);
+    return k::Cast(out, k::Div(k::Exp(shifted), LoadAs(lse[1], ct)(ctx, at)));
   };
   l.SetResult(b.node_index, l.Add(std::move(v)));
   return true;
