@@ -135,11 +135,12 @@ absl::Status SplitFewOutputReduction(Lowerer& l, RowBuilder& b);
 // idle or hold each row in a cluster that reads, reduces and writes in turn; instead three ops
 // that spread over the GPU and read the input twice: partials (each row's p chunks of >= 2048
 // columns, about 8192 partial rows in all: the online softmax's max and sum of each, [..., p, ...]
-// in the accumulator's type), a log-sum-exp per row (L = log(sum_c s_c exp(m_c)): an online
-// softmax over m_c + log(s_c)), and the node's result, pointwise: exp(x - L) or x - L. Measured
-// on the H200 (GPU time, % of a 1 GiB copy): f32 64 x 262144 49% -> 58%, bf16 32% -> 50%.
+// in the accumulator's type), each row's max M and sum S (an online softmax over m_c + log(s_c);
+// log_softmax: L = M + log(S)), and the node's result, pointwise: exp(x - M) / S or x - L.
+// Measured on the H200 (GPU time, % of a 1 GiB copy): f32 64 x 262144 49% -> 58%, bf16 32% -> 50%.
+// Not where the GPU has clusters (options().gpu_clusters) for f32 results of 32+ rows of at most
+// kClusterSoftmaxColumns: one row op, a cluster per row (as fast, one kernel; lower_split.cc).
 // Returns false (nothing added) for any other case; true when the node's result is recorded.
-// Same values up to rounding: exp(x - L) instead of exp(x - max) / sum (~|L| * 2^-24 relative).
 absl::StatusOr<bool> SplitFewRowSoftmax(Lowerer& l, RowBuilder& b, int32_t x, k::ScalarType ct, k::ScalarType out,
                                         bool log);
 

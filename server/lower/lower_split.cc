@@ -1,6 +1,6 @@
 // Reductions with few outputs over many elements -> two row ops, and softmaxes over few long rows
-// on GPUs -> partials, a log-sum-exp per row and a pointwise op (see SplitFewOutputReduction and
-// SplitFewRowSoftmax in lower_internal.h).
+// on GPUs -> partials, each row's max and sum (log_softmax: its log-sum-exp) and a pointwise op
+// (see SplitFewOutputReduction and SplitFewRowSoftmax in lower_internal.h).
 
 #include <algorithm>
 #include <functional>
@@ -132,7 +132,7 @@ absl::StatusOr<bool> SplitFewRowSoftmax(Lowerer& l, RowBuilder& b, int32_t x, k:
   //    row's max M and sum S = sum_c s_c exp(m_c - M); log_softmax takes L = M + log(S), the
   //    row's log-sum-exp. NaN in a row makes M NaN; an all -inf row gives M = -inf.
   RowBuilder cb{l, b.node_index, b.node, RowOp{}, {}};
-  cb.row.name = row.name + "_lse";
+  cb.row.name = row.name + (log ? "_lse" : "_max_sum");
   cb.row.inputs = partials;
   cb.row.domain = part_sizes;
   cb.row.reduce_dims = {rd};
