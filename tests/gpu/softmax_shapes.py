@@ -6,7 +6,7 @@ SMs: one thread-block cluster per row on sm_90, or a split into partials). Print
 ran eagerly or kiln's largest error against the fp32 result exceeds twice Inductor's plus 4 units
 of the dtype's rounding at the largest result (f32 rows of 50257: errors of 2-4e-7 for both).
 
-    python3 tests/gpu/softmax_shapes.py [--kilnd PATH] [--iters 50] [--only SUBSTRING]
+    python3 tests/gpu/softmax_shapes.py [--kilnd PATH] [--iters 50] [--only SUBSTRING]...
     python3 tests/gpu/softmax_shapes.py --device cpu --quick     # a smoke run: 3 cases, 4 rows each
 
 Times: per call, CUDA events around each call enqueued back to back (gpu_models.time_calls), the
@@ -68,7 +68,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--kilnd", help="kilnd binary (default: $KILND, .bundle/kiln/kilnd, bazel-bin/server/kilnd)")
     ap.add_argument("--iters", type=int, default=50)
-    ap.add_argument("--only", help="run the cases whose name contains this")
+    ap.add_argument("--only", action="append", default=[],
+                    help="run the cases whose name contains this text (repeatable: any of them), "
+                         "e.g. --only '64 x' --only 'x 131072'")
     ap.add_argument("--device", default="cuda", help="cuda (default) or cpu (with --quick: a smoke run)")
     ap.add_argument("--quick", action="store_true", help="the first 3 cases, 4 rows each, 3 timed calls")
     args = ap.parse_args()
@@ -90,7 +92,7 @@ def main():
               "GPU us: Inductor / kiln | max error vs fp32: kiln / Inductor |")
         print("| --- | --- | --- | --- | --- | --- | --- | --- |")
         for name, dtype, rows, cols, view in cases:
-            if args.only and args.only not in name:
+            if args.only and not any(o in name for o in args.only):
                 continue
             torch._dynamo.reset()
             torch.manual_seed(0)
