@@ -120,6 +120,26 @@ bool ArchHasClusters(const std::string& arch) {
   return number >= 90;
 }
 
+namespace {
+
+// The most blocks a cluster of `block`-thread blocks may have: up to max_small_cluster where two
+// blocks share an SM at <= 64 registers a thread.
+int MostClusterBlocks(int block, const ClusterRowLimits& limits) {
+  const bool two_per_sm = 2 * block <= kThreadsPerSm / 2;
+  return two_per_sm ? std::max(limits.max_cluster, limits.max_small_cluster) : limits.max_cluster;
+}
+
+}  // namespace
+
+int64_t LongestClusterRow(const ClusterRowLimits& limits) {
+  if (limits.max_cluster < 2 || limits.max_row_block < 32) return 0;
+  int64_t threads = 0;
+  for (int block : {std::min(512, limits.max_row_block), limits.max_row_block}) {
+    threads = std::max(threads, int64_t{block} * MostClusterBlocks(block, limits));
+  }
+  return threads * limits.row_values;
+}
+
 absl::optional<ClusterRowChoice> ChooseClusterRows(const ClusterRowFacts& facts,
                                                    const ClusterRowLimits& limits) {
   if (limits.max_cluster < 2 || facts.length <= 0 || limits.max_row_block < 32) return absl::nullopt;
@@ -143,10 +163,7 @@ absl::optional<ClusterRowChoice> ChooseClusterRows(const ClusterRowFacts& facts,
   // Rows enough, and a row per SM fits the L2: one block per row, read twice.
   if (PreferUncachedRows(facts, limits)) return absl::nullopt;
   for (int block : {small, large}) {
-    // Two blocks of an SM at <= 64 registers a thread: up to max_small_cluster.
-    const bool two_per_sm = 2 * block <= kThreadsPerSm / 2;
-    const int most = two_per_sm ? std::max(limits.max_cluster, limits.max_small_cluster) : limits.max_cluster;
-    for (int cluster = 2; cluster <= most; ++cluster) {
+    for (int cluster = 2; cluster <= MostClusterBlocks(block, limits); ++cluster) {
       if (fits(block, cluster)) {
         return ClusterRowChoice{std::max(cluster, ParallelBlocks(facts, block, limits)), block};
       }

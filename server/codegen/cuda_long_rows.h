@@ -175,6 +175,11 @@ inline bool ArchHasBulkCopies(const std::string& arch) { return ArchHasClusters(
 absl::optional<ClusterRowChoice> ChooseClusterRows(const ClusterRowFacts& facts,
                                                    const ClusterRowLimits& limits);
 
+// The longest row of one recurring load that ChooseClusterRows keeps in a cluster's registers:
+// the largest cluster of blocks times row_values (16 x 512 x 32 = 262144 by default); 0 where
+// there are no clusters (max_cluster < 2).
+int64_t LongestClusterRow(const ClusterRowLimits& limits);
+
 // Whether a row too long for one block's registers is better read twice by one block (rows
 // enough, and a row per SM fits the L2) than cached in a cluster: the rule above.
 bool PreferUncachedRows(const ClusterRowFacts& facts, const ClusterRowLimits& limits);

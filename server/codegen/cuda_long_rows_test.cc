@@ -48,6 +48,13 @@ TEST(ChooseClusterRows, LongerRowsAreCachedByAClusterWithAtMost32ValuesPerThread
   EXPECT_EQ(c->cluster, 8);
   EXPECT_EQ(c->block, 1024);
   EXPECT_FALSE(ChooseClusterRows(Facts(524288, absl::nullopt, 1, 4), limits));
+  // What the lowering keeps in one row op: the longest row a cluster caches (and no longer).
+  EXPECT_EQ(LongestClusterRow(limits), 262144);
+  EXPECT_EQ(LongestClusterRow(portable), 262144);  // 8 x 1024 x 32
+  EXPECT_FALSE(ChooseClusterRows(Facts(LongestClusterRow(limits) + 4, absl::nullopt, 1, 4), limits));
+  ClusterRowLimits none;
+  none.max_cluster = 0;
+  EXPECT_EQ(LongestClusterRow(none), 0);
 }
 
 TEST(ChooseClusterRows, FewLongRowsAreSplitForParallelism) {

@@ -40,7 +40,9 @@ absl::StatusOr<FrontEnd> LowerAndFuse(const graph::PreparedGraph& prepared, cons
   FrontEnd fe;
   lower::LowerOptions lower_options;
   lower_options.gpu = request.target().device() == v1::DEVICE_KIND_CUDA;
-  lower_options.gpu_clusters = lower_options.gpu && codegen::ArchHasClusters(request.target().cuda_arch());
+  if (lower_options.gpu && codegen::ArchHasClusters(request.target().cuda_arch())) {
+    lower_options.cluster_row_columns = codegen::LongestClusterRow(codegen::ClusterRowLimits{});
+  }
   KILN_ASSIGN_OR_RETURN(fe.ops, lower::LowerGraph(prepared.graph, prepared.fallback_nodes, lower_options));
   if (lower_options.gpu) lower::ChooseConvLayouts(&fe.ops);
   timer->Done("lower");

@@ -15,8 +15,9 @@
 //     outputs over >= 65536 elements each becomes two row ops (partials, then the reduction of
 //     the partials: lower_split.cc), so that a full reduction spreads over the whole machine; on
 //     GPUs (options.gpu) a _softmax/_log_softmax over fewer than 128 rows of >= 65536 columns
-//     becomes partials, a log-sum-exp per row and a pointwise op (lower_split.cc), except f32
-//     ones of 32+ rows that a thread-block cluster holds (options.gpu_clusters);
+//     becomes partials, each row's max and sum (log_softmax: its log-sum-exp) and a pointwise op
+//     (lower_split.cc), except f32 ones of 32+ rows that a thread-block cluster holds
+//     (options.cluster_row_columns);
 //   * an extern step (registry extern ops: mm, bmm, addmm, baddbmm, convolution, ...), or a
 //     fallback step (fallback nodes, and any op or dtype this file cannot lower; its reason is
 //     recorded). getitem nodes only select a tuple item.
@@ -37,15 +38,12 @@ struct LowerOptions {
   // The target is a GPU: softmaxes over few long rows split over the whole GPU (three ops, see
   // SplitFewRowSoftmax in lower_internal.h); CPUs keep one row op (a row stays in a core's cache).
   bool gpu = false;
-  // The GPU has thread-block clusters (sm_90+): f32 softmaxes over few rows (32 to 127) that a
-  // cluster's registers hold (<= kClusterSoftmaxColumns) stay one row op, which the CUDA emitter
-  // spreads over a cluster per row, read once (server/codegen/cuda_long_rows.h; lower_split.cc).
-  bool gpu_clusters = false;
+  // The longest row a thread-block cluster holds in registers (sm_90+: the CUDA emitter's
+  // LongestClusterRow, server/codegen/cuda_long_rows.h); 0: no clusters. f32 softmaxes over few
+  // rows (32 to 127) of at most this many columns stay one row op, which the emitter spreads over
+  // a cluster per row, read once (lower_split.cc).
+  int64_t cluster_row_columns = 0;
 };
-
-// The longest f32 row a cluster holds in registers: 16 blocks x 512 threads x 32 values
-// (CudaEmitOptions' max_small_cluster and row_values).
-inline constexpr int64_t kClusterSoftmaxColumns = int64_t{16} * 512 * 32;
 
 absl::StatusOr<OpGraph> LowerGraph(const graph::Graph& graph, const std::vector<int32_t>& fallback_nodes,
                                    const LowerOptions& options = {});

@@ -138,8 +138,8 @@ absl::Status SplitFewOutputReduction(Lowerer& l, RowBuilder& b);
 // in the accumulator's type), each row's max M and sum S (an online softmax over m_c + log(s_c);
 // log_softmax: L = M + log(S)), and the node's result, pointwise: exp(x - M) / S or x - L.
 // Measured on the H200 (GPU time, % of a 1 GiB copy): f32 64 x 262144 49% -> 58%, bf16 32% -> 50%.
-// Not where the GPU has clusters (options().gpu_clusters) for f32 results of 32+ rows of at most
-// kClusterSoftmaxColumns: one row op, a cluster per row (as fast, one kernel; lower_split.cc).
+// Not where the GPU has clusters for f32 results of 32+ rows of at most
+// options().cluster_row_columns: one row op, a cluster per row (as fast, one kernel; lower_split.cc).
 // Returns false (nothing added) for any other case; true when the node's result is recorded.
 absl::StatusOr<bool> SplitFewRowSoftmax(Lowerer& l, RowBuilder& b, int32_t x, k::ScalarType ct, k::ScalarType out,
                                         bool log);

@@ -21,7 +21,7 @@ constexpr int64_t kMinPartialLength = 2048;  // elements per partial row
 constexpr int64_t kMinSoftmaxChunk = 2048;   // softmax: columns per chunk
 constexpr int64_t kMaxSoftmaxRows = 128;     // softmax: fewer rows than a GPU has SMs
 constexpr int64_t kSoftmaxPartialRows = 8192;  // softmax: partial rows over all rows
-// With clusters (LowerOptions::gpu_clusters), f32 rows that a cluster holds stay one row op from
+// With clusters (LowerOptions::cluster_row_columns), f32 rows that a cluster holds stay one row op from
 // this many rows. GPU time per call on the H200 (tests/gpu/softmax_shapes.py, 2026-11-22), one
 // cluster per row against the split: 64 x 262144 55 vs 55 us, log_softmax 54 vs 55, 100 x
 // 131072 39 vs 43; but 16 x 262144 16 vs 12 (one wave of clusters: loads, then reductions).
@@ -83,8 +83,7 @@ absl::StatusOr<bool> SplitFewRowSoftmax(Lowerer& l, RowBuilder& b, int32_t x, k:
   for (size_t i = 0; i < domain.size(); ++i) rows *= static_cast<int>(i) == rd ? 1 : domain[i];
   if (rows >= kMaxSoftmaxRows || count < kMinCount) return false;
   // A cluster per row reads an f32 row once in one kernel (split: 3 kernels and the row read twice).
-  if (l.options().gpu_clusters && out == k::ScalarType::kFloat32 && count <= kClusterSoftmaxColumns &&
-      rows >= kMinClusterSoftmaxRows) {
+  if (out == k::ScalarType::kFloat32 && count <= l.options().cluster_row_columns && rows >= kMinClusterSoftmaxRows) {
     return false;
   }
   // p chunks of the row (consecutive columns), about kSoftmaxPartialRows partial rows in all,
@@ -95,9 +94,9 @@ absl::StatusOr<bool> SplitFewRowSoftmax(Lowerer& l, RowBuilder& b, int32_t x, k:
   const int64_t inner = count / p;
   std::vector<int64_t> part_sizes = domain;  // [..., p, ...]: the partials and the combine's domain
   part_sizes[rd] = p;
-  std::vector<int64_t> lse_sizes;  // [...]: one log-sum-exp per row
+  std::vector<int64_t> row_sizes;  // [...]: one statistic per row
   for (size_t i = 0; i < domain.size(); ++i) {
-    if (static_cast<int>(i) != rd) lse_sizes.push_back(domain[i]);
+    if (static_cast<int>(i) != rd) row_sizes.push_back(domain[i]);
   }
 
   // 1. Partials: the online softmax's (max, sum of exp(x - max)) of each chunk, over the domain
@@ -148,14 +147,14 @@ absl::StatusOr<bool> SplitFewRowSoftmax(Lowerer& l, RowBuilder& b, int32_t x, k:
     stats.push_back([](const AccReader& a) { return a(0, k::AccField::kSum); });
   }
   for (const auto& stat : stats) {
-    KILN_ASSIGN_OR_RETURN(LValue stat_value, NewRowValue(l, cb, *acc_dtype, lse_sizes, cb.row.name));
+    KILN_ASSIGN_OR_RETURN(LValue stat_value, NewRowValue(l, cb, *acc_dtype, row_sizes, cb.row.name));
     cb.outs.push_back(std::move(stat_value));
     RowOutput so;
     so.fn = [stat](LoadContext&, const AccReader& a, const std::vector<Affine>&) { return stat(a); };
     cb.row.outputs.push_back(std::move(so));
   }
-  std::vector<int32_t> lse;
-  KILN_RETURN_IF_ERROR(cb.Finish(&lse));
+  std::vector<int32_t> row_stats;  // M and S, or L
+  KILN_RETURN_IF_ERROR(cb.Finish(&row_stats));
 
   // 3. The node's result, pointwise: exp(x - M) / S (as the one-op softmax: exp(x - L) would
   //    carry L's rounding, ~1e-6 relative at L ~ 25, into every result), or x - L.
@@ -163,13 +162,13 @@ absl::StatusOr<bool> SplitFewRowSoftmax(Lowerer& l, RowBuilder& b, int32_t x, k:
   if (v.sizes != domain) return absl::UnimplementedError("softmax result of unexpected shape");
   v.op = row.name;
   v.inputs = {x};
-  v.inputs.insert(v.inputs.end(), lse.begin(), lse.end());
-  v.elem = [xv, lse, ct, out, rd, log](LoadContext& ctx, const std::vector<Affine>& idx) {
+  v.inputs.insert(v.inputs.end(), row_stats.begin(), row_stats.end());
+  v.elem = [xv, row_stats, ct, out, rd, log](LoadContext& ctx, const std::vector<Affine>& idx) {
     std::vector<Affine> at(idx.begin(), idx.begin() + rd);
     at.insert(at.end(), idx.begin() + rd + 1, idx.end());
-    const k::ExprOr shifted = k::Sub(xv(ctx, idx), LoadAs(lse[0], ct)(ctx, at));
+    const k::ExprOr shifted = k::Sub(xv(ctx, idx), LoadAs(row_stats[0], ct)(ctx, at));
     if (log) return k::Cast(out, shifted);
-    return k::Cast(out, k::Div(k::Exp(shifted), LoadAs(lse[1], ct)(ctx, at)));
+    return k::Cast(out, k::Div(k::Exp(shifted), LoadAs(row_stats[1], ct)(ctx, at)));
   };
   l.SetResult(b.node_index, l.Add(std::move(v)));
   return true;

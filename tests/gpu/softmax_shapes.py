@@ -103,7 +103,7 @@ def main():
             err = {k: (f(x).float() - want).abs().max().item() for k, f in runs.items()}
             us = {k: gm.time_calls(lambda f=f: f(x), args.device, iters, warmup=5)[0] * 1e3
                   for k, f in runs.items()}
-            gpu = {k: gm.kernel_table(lambda f=f: f(x), 20)[1] for k in ("inductor", "kiln") for f in [runs[k]]} \
+            gpu = {k: gm.kernel_table(lambda f=runs[k]: f(x), 20)[1] for k in ("inductor", "kiln")} \
                 if args.device.startswith("cuda") else {}
             gpu_cell = f"{gpu['inductor']:.0f} / {gpu['kiln']:.0f}" if gpu else "-"
             ulp = torch.finfo(x.dtype).eps * float(want.abs().max())
