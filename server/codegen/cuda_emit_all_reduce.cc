@@ -92,6 +92,10 @@ void CudaKernelEmitter::SeedScope() {
 
 void CudaKernelEmitter::EmitAllReduces(const std::vector<Stmt>& stmts, int64_t chunks,
                                        int64_t total) {
+  auto block_allreduce = [&](const std::string& value, const char* op) {
+    w_.Linef(value, " = kiln_cuda::block_allreduce<", launch_.block / 32, ">(", value, ", ", op,
+             ", kiln_smem);");
+  };
   auto allreduce = [&](const std::string& value, const char* op) {
     switch (launch_.layout) {
       case CudaLayout::kWarpPerRow:
@@ -99,8 +103,7 @@ void CudaKernelEmitter::EmitAllReduces(const std::vector<Stmt>& stmts, int64_t c
         break;
       case CudaLayout::kBlockPerRow:
       case CudaLayout::kSharedRow:
-        w_.Linef(value, " = kiln_cuda::block_allreduce<", launch_.block / 32, ">(", value, ", ", op,
-                 ", kiln_smem);");
+        block_allreduce(value, op);
         break;
       case CudaLayout::kClusterRow:
         w_.Linef(value, " = kiln_cuda::cluster_allreduce<", launch_.block / 32, ", ",
@@ -128,8 +131,7 @@ void CudaKernelEmitter::EmitAllReduces(const std::vector<Stmt>& stmts, int64_t c
     const bool fold = softmax && FoldsSoftmaxInCluster();
     const bool reuse = softmax && !two->second.exp_nodes.empty();
     if (fold) {
-      w_.Linef(acc, ".max = kiln_cuda::block_allreduce<", launch_.block / 32, ">(", acc,
-               ".max, kiln_cuda::MaxOp(), kiln_smem);");
+      block_allreduce(acc + ".max", "kiln_cuda::MaxOp()");
     } else if (softmax) {
       allreduce(acc + ".max", "kiln_cuda::MaxOp()");
     } else {
@@ -199,8 +201,7 @@ void CudaKernelEmitter::EmitAllReduces(const std::vector<Stmt>& stmts, int64_t c
     w_.Close();
     w_.Close();
     if (fold) {
-      w_.Linef(acc, ".sum = kiln_cuda::block_allreduce<", launch_.block / 32, ">(", acc,
-               ".sum, kiln_cuda::SumOp(), kiln_smem);");
+      block_allreduce(acc + ".sum", "kiln_cuda::SumOp()");
       if (reuse) w_.Linef("const ", t, " kiln_bm", s.acc.id, " = ", acc, ".max;");
       w_.Linef(acc, " = kiln_cuda::cluster_fold<", launch_.cluster, ">(", acc,
                ", kiln_cuda::MergeOp(), kiln_pub, &kiln_parity);");
