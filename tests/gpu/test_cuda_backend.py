@@ -362,7 +362,7 @@ def test_kiln_compile_package_prewarms_its_convolutions(server):
     assert first["packages"]["captured"] == 1 and first["prewarm"]["threads"] == 1, first
     assert second["packages"]["loaded"] == 1, second
     # The second: then the package's convolutions (three kinds) once its plans are loaded.
-    assert second["prewarm"]["threads"] == 2 and second["prewarm"]["calls"] >= 1 + 3, second
+    assert 2 <= second["prewarm"]["threads"] <= 1 + 3 and second["prewarm"]["calls"] >= 1 + 3, second
 
 
 def test_aot_cache_second_process_loads_the_cuda_graphs(server, tmp_path):

@@ -341,6 +341,38 @@ def test_prewarm_calls_include_the_plans_cublaslt_gemms(monkeypatch):
     assert all(buffers[0] and buffers[1] and buffers[2] and buffers[4] for _, buffers in ran)
 
 
+def test_prewarm_leaves_out_gemms_that_cost_more_gpu_time_than_they_save(monkeypatch):
+    """A warm-up runs on the caller's stream, ahead of the first call's own kernels: GEMMs of more
+    than MAX_GEMM_FLOPS (a training block's fp32 8192 x 1024 x 4096 ones) are not warmed, smaller
+    ones are; aten matrix multiplies are measured alike."""
+    from kiln import prewarm
+
+    model = PointwiseConvNet().to(torch.bfloat16)
+    x = torch.randn(2, 8, 5, 5, dtype=torch.bfloat16)
+    big = torch.nn.Linear(1024, 4096)
+    tokens = torch.randn(8192, 1024)
+    (small_pair, big_pair) = compiled_for_cuda(monkeypatch, (model, x, False), (big, tokens, False))
+    ex = plan_executor(*small_pair)
+    # conv b and c: 2 x 50 x 8 x 8 = 6,400 operations; fc: 2 x 2 x 4 x 8 = 128
+    default = prewarm.MAX_GEMM_FLOPS
+    monkeypatch.setattr(prewarm, "MAX_GEMM_FLOPS", 1000)
+    calls = [c for c in prewarm.calls(ex, torch.device("cuda", 0)) if not isinstance(c[0], torch._ops.OpOverload)]
+    assert [tuple(c[0].args[2][1:4]) for c in calls] == [(2, 4, 8)] and kiln.stats()["prewarm"]["skipped"] == 2
+    monkeypatch.setattr(prewarm, "MAX_GEMM_FLOPS", default)
+    kiln.reset_stats()
+    ex = plan_executor(*big_pair)
+    assert [s for s in ex._steps if s[0] == "library"]  # the Linear is a cuBLASLt GEMM...
+    assert prewarm.calls(ex, torch.device("cuda", 0)) == []  # ...of 69 GFLOP: not warmed
+    assert kiln.stats()["prewarm"]["skipped"] == 1
+    mm = ("t", (8192, 1024), (1024, 1), torch.float32, False), ("t", (1024, 4096), (4096, 1), torch.float32, False)
+    assert prewarm._matmul_flops("aten.mm.default", mm) == 2.0 * 8192 * 1024 * 4096
+    bias = ("t", (4096,), (1,), torch.float32, False)
+    assert prewarm._matmul_flops("aten.addmm.default", (bias,) + mm) == 2.0 * 8192 * 1024 * 4096
+    batched = tuple(("t", (3,) + t[1], None, torch.float32, False) for t in mm)
+    assert prewarm._matmul_flops("aten.baddbmm.default", (bias,) + batched) == 3 * 2.0 * 8192 * 1024 * 4096
+    assert prewarm._matmul_flops("aten.convolution.default", mm) == 0
+
+
 class GroupNormNet(torch.nn.Module):
     def __init__(self):
         super().__init__()

@@ -1,7 +1,8 @@
 """Option prewarm: a CUDA plan loaded without tracing (kiln.compile's packages) runs its
 convolutions and other library-backed aten steps (WARM_OPS), and its cuBLASLt GEMM steps
 (through kiln's runtime: cuBLASLt opened, each shape's algorithm found and cached, its kernels
-loaded), once, on scratch tensors, in a background thread while the process goes on loading.
+loaded), once, on scratch tensors, in background threads (up to MAX_THREADS a graph) while the
+process goes on loading.
 
 Why: the first convolution of each kind in a process costs cuDNN's one-time work (its libraries
 and kernels loaded into the CUDA context, engines chosen), about 0.3 s for ResNet-50 fp16 on an
@@ -17,8 +18,9 @@ call in a training block's first backward).
 What runs: each distinct WARM_OPS step of the plan (same op, shapes, strides, dtypes and
 constant arguments once) and each distinct library GEMM (same params), with inputs from
 torch.empty_strided (never read back) on the device and stream that were current when the graph
-loaded, under no_grad. Steps with symbolic sizes, or needing more than MAX_SCRATCH_BYTES of
-inputs, are skipped, and so are convolutions under torch.backends.cudnn.benchmark (its timing
+loaded, under no_grad. Steps with symbolic sizes, needing more than MAX_SCRATCH_BYTES of inputs,
+or matrix multiplies of more than MAX_GEMM_FLOPS (their GPU time, ahead of the first call's on the
+same stream, outweighs what warming them saves) are skipped, and so are convolutions under torch.backends.cudnn.benchmark (its timing
 runs would compete with the main thread's). Nothing here can fail a load: a call that raises is
 counted as an error, logged (logger "kiln", debug level) and passed over.
 
@@ -66,6 +68,23 @@ WARM_OPS = frozenset({
     "aten._scaled_dot_product_cudnn_attention_backward.default",
 })
 MAX_SCRATCH_BYTES = 256 << 20  # inputs of one warm call (its outputs and workspace come on top)
+# A matrix multiply's one-time work (cuBLASLt's algorithm lookup, its kernels loaded) is well under
+# a millisecond, and a warm-up runs on the caller's stream: the first call's own kernels queue
+# behind it. A GEMM of more floating-point operations than this (2 x batch x m x n x k) costs the
+# first call more GPU time than its warm-up saves (an fp32 8192 x 1024 x 4096 one, 69 GFLOP, takes
+# about 1.4 ms of an H200: six of them made a training block's first call 4 ms slower): not warmed.
+MAX_GEMM_FLOPS = 8e9
+# A graph's warm-ups run on this many threads at most. Most of a warm-up is cuDNN's or cuBLASLt's
+# C++ (the GIL released). On one thread ResNet-50 fp16's 25 were still running when its package had
+# loaded (0.2-0.3 s): the first call's convolutions and GEMMs took 87-158 ms, against 30-43 ms with
+# four threads (H200; the whole warm first call 0.32-0.39 s against 0.25-0.32 s).
+MAX_THREADS = 4
+_MATMULS = {  # aten op: positions of its two matrix operands (batched or not)
+    "aten.mm.default": (0, 1),
+    "aten.addmm.default": (1, 2),
+    "aten.bmm.default": (0, 1),
+    "aten.baddbmm.default": (1, 2),
+}
 
 _threads = []
 _threads_lock = threading.Lock()
@@ -85,7 +104,8 @@ def calls(executor, device):
         if step[0] == "library":
             call = _gemm_call(executor, step[1], device)
             key = ("gemm", call[0].args[2:])  # params, alpha, beta
-            if _scratch_bytes(call[1]) > MAX_SCRATCH_BYTES:
+            batch, m, n, k = step[1][2][:4]
+            if _scratch_bytes(call[1]) > MAX_SCRATCH_BYTES or 2.0 * batch * m * n * k > MAX_GEMM_FLOPS:
                 stats_mod.add_to("prewarm", "skipped")
             elif key not in seen:
                 seen.add(key)
@@ -107,11 +127,23 @@ def calls(executor, device):
         if key in seen:
             continue
         seen.add(key)
-        if _scratch_bytes(a) + _scratch_bytes(tuple(x for _, x in kw)) > MAX_SCRATCH_BYTES:
+        if (_scratch_bytes(a) + _scratch_bytes(tuple(x for _, x in kw)) > MAX_SCRATCH_BYTES
+                or _matmul_flops(str(op), a) > MAX_GEMM_FLOPS):
             stats_mod.add_to("prewarm", "skipped")
             continue
         out.append((op, a, dict(kw)))
     return out
+
+
+def _matmul_flops(op, specs):
+    """2 x batch x m x n x k of an aten matrix multiply (`specs`: _spec's of its arguments); 0 for
+    any other op."""
+    where = _MATMULS.get(op)
+    if where is None:
+        return 0
+    a, b = (specs[i][1] for i in where)  # sizes: (m, k) and (k, n), or (batch, m, k) and (batch, k, n)
+    batch = a[0] if len(a) == 3 else 1
+    return 2.0 * batch * a[-2] * a[-1] * b[-1]
 
 
 def _gemm_call(executor, spec, device):
@@ -163,8 +195,9 @@ def materialize(call, device):
 
 
 def start_for_graph(graph):
-    """Starts warming `graph`'s (a CompiledGraph just loaded) CUDA plans; returns the thread or
-    None (nothing to warm, or starting failed: logged)."""
+    """Starts warming `graph`'s (a CompiledGraph just loaded) CUDA plans, its calls dealt round-robin
+    over up to MAX_THREADS threads; returns the threads, or None (nothing to warm, or starting
+    failed: logged)."""
     try:
         work, device = [], None
         for spec in getattr(graph, "specs", ()):
@@ -174,7 +207,10 @@ def start_for_graph(graph):
             if found and device is None:
                 device = d
             work += found
-        return _spawn(work, device) if work else None
+        if not work:
+            return None
+        n = min(MAX_THREADS, len(work))
+        return [_spawn(work[i::n], device) for i in range(n)]
     except Exception as e:
         stats_mod.add_to("prewarm", "errors")
         log.debug("kiln prewarm: not started: %s: %s", type(e).__name__, e)
