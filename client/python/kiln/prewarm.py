@@ -18,11 +18,12 @@ call in a training block's first backward).
 What runs: each distinct WARM_OPS step of the plan (same op, shapes, strides, dtypes and
 constant arguments once) and each distinct library GEMM (same params), with inputs from
 torch.empty_strided (never read back) on the device and stream that were current when the graph
-loaded, under no_grad. Steps with symbolic sizes, needing more than MAX_SCRATCH_BYTES of inputs,
-or matrix multiplies of more than MAX_GEMM_FLOPS (their GPU time, ahead of the first call's on the
-same stream, outweighs what warming them saves) are skipped, and so are convolutions under torch.backends.cudnn.benchmark (its timing
-runs would compete with the main thread's). Nothing here can fail a load: a call that raises is
-counted as an error, logged (logger "kiln", debug level) and passed over.
+loaded, under no_grad. Skipped: steps with symbolic sizes or needing more than MAX_SCRATCH_BYTES
+of inputs; matrix multiplies of more than MAX_GEMM_FLOPS (their GPU time, ahead of the first
+call's on the same stream, outweighs what warming them saves); convolutions under
+torch.backends.cudnn.benchmark (its timing runs would compete with the main thread's). Nothing
+here can fail a load: a call that raises is counted as an error, logged (logger "kiln", debug
+level) and passed over.
 
 No warm-up outlives the kiln.compile call that loaded its package (the call waits for it before
 returning; normally it is long done by then): a CUDA graph capture made afterwards, by kiln's
