@@ -33,7 +33,7 @@ PlanError.__module__ = "kiln.executor"  # public as kiln.executor.PlanError (tra
 
 
 def _itemsize(dtype):
-    return torch.empty((), dtype=dtype).element_size()
+    return dtype.itemsize
 
 
 _Tensor = torch.Tensor

@@ -89,7 +89,7 @@ from kiln._exec_workspace import _WorkspaceMixin
 from kiln._tables import PB_TO_DEVICE, PB_TO_DTYPE, PB_TO_LAYOUT, PB_TO_MEMORY_FORMAT
 from kiln.deserialize import resolve_target
 from kiln.errors import SerializeError
-from kiln.guards import eval_symint
+from kiln.guards import eval_expr, eval_symint
 from kiln.runtime import RuntimeUnavailable
 
 _SO = proto.Binary.KIND_SHARED_OBJECT
@@ -550,10 +550,12 @@ class _Program(_WorkspaceMixin, _AtenMixin, _KernelMixin):
 
     def _meta(self, i):
         """(sizes, strides) of value i as tuples, or the exception evaluating them raised."""
-        m = self.ex.values[i].meta
-        try:
-            sizes = tuple(eval_symint(s, self.symbols) for s in m.sizes)
-            strides = tuple(eval_symint(s, self.symbols) for s in m.strides)
+        m, symbols = self.ex.values[i].meta, self.symbols
+        try:  # eval_symint, inlined: a plan has a few hundred values, built at the first call
+            sizes = tuple([eval_expr(s.expr, symbols) if s.WhichOneof("value") == "expr" else s.constant
+                           for s in m.sizes])
+            strides = tuple([eval_expr(s.expr, symbols) if s.WhichOneof("value") == "expr" else s.constant
+                             for s in m.strides])
         except Exception as e:  # an unbound symbol: raised where the value is used, as before
             return e
         if len(strides) != len(sizes):
