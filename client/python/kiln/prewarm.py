@@ -19,8 +19,8 @@ What runs: each distinct WARM_OPS step of the plan (same op, shapes, strides, dt
 constant arguments once) and each distinct library GEMM (same params), with inputs from
 torch.empty_strided (never read back) on the device and stream that were current when the graph
 loaded, under no_grad. Skipped: steps with symbolic sizes or needing more than MAX_SCRATCH_BYTES
-of inputs; matrix multiplies and attention steps of more than MAX_GEMM_FLOPS (their GPU time,
-ahead of the first call's on the same stream, outweighs what warming them saves); convolutions under
+of inputs; matrix multiplies of more than MAX_GEMM_FLOPS (their GPU time, ahead of the first
+call's on the same stream, outweighs what warming them saves); convolutions under
 torch.backends.cudnn.benchmark (its timing runs would compete with the main thread's). Nothing
 here can fail a load: a call that raises is counted as an error, logged (logger "kiln", debug
 level) and passed over.
@@ -74,7 +74,6 @@ MAX_SCRATCH_BYTES = 256 << 20  # inputs of one warm call (its outputs and worksp
 # behind it. A GEMM of more floating-point operations than this (2 x batch x m x n x k) costs the
 # first call more GPU time than its warm-up saves (an fp32 8192 x 1024 x 4096 one, 69 GFLOP, takes
 # about 1.4 ms of an H200: six of them made a training block's first call 4 ms slower): not warmed.
-# Attention steps are held to the same limit by their products' operations.
 MAX_GEMM_FLOPS = 8e9
 # A graph's warm-ups run on this many threads at most. Most of a warm-up is cuDNN's or cuBLASLt's
 # C++ (the GIL released). On one thread ResNet-50 fp16's 25 were still running when its package had
@@ -86,14 +85,6 @@ _MATMULS = {  # aten op: positions of its two matrix operands (batched or not)
     "aten.addmm.default": (1, 2),
     "aten.bmm.default": (0, 1),
     "aten.baddbmm.default": (1, 2),
-}
-_ATTENTION = {  # aten op: position of its query (key and value follow)
-    "aten._scaled_dot_product_flash_attention.default": 0,
-    "aten._scaled_dot_product_flash_attention_backward.default": 1,
-    "aten._scaled_dot_product_efficient_attention.default": 0,
-    "aten._scaled_dot_product_efficient_attention_backward.default": 1,
-    "aten._scaled_dot_product_cudnn_attention.default": 0,
-    "aten._scaled_dot_product_cudnn_attention_backward.default": 1,
 }
 
 _threads = []
@@ -146,26 +137,14 @@ def calls(executor, device):
 
 
 def _matmul_flops(op, specs):
-    """Floating-point operations of an aten matrix multiply or attention step (`specs`: _spec's
-    of its arguments): 2 x batch x m x n x k for a matrix multiply; for attention, its products'
-    (query x key, then by value; a backward's five), counted unmasked (a causal one does about
-    half); 0 for any other op."""
+    """2 x batch x m x n x k of an aten matrix multiply (`specs`: _spec's of its arguments); 0 for
+    any other op."""
     where = _MATMULS.get(op)
-    if where is not None:
-        a, b = (specs[i][1] for i in where)  # sizes: (m, k) and (k, n), or (batch, m, k) and (batch, k, n)
-        batch = a[0] if len(a) == 3 else 1
-        return 2.0 * batch * a[-2] * a[-1] * b[-1]
-    first = _ATTENTION.get(op)
-    if first is None:
+    if where is None:
         return 0
-    q, k, v = (specs[first + i][1] for i in range(3))  # (..., L, E), (..., S, E), (..., S, Ev)
-    heads = 1
-    for d in q[:-2]:
-        heads *= d
-    pairs = 2.0 * heads * q[-2] * k[-2]  # 2 x batch x heads x L x S
-    if op.endswith("_backward.default"):
-        return pairs * (3 * q[-1] + 2 * v[-1])  # query x key again, dV, dP, dQ, dK
-    return pairs * (q[-1] + v[-1])
+    a, b = (specs[i][1] for i in where)  # sizes: (m, k) and (k, n), or (batch, m, k) and (batch, k, n)
+    batch = a[0] if len(a) == 3 else 1
+    return 2.0 * batch * a[-2] * a[-1] * b[-1]
 
 
 def _gemm_call(executor, spec, device):
