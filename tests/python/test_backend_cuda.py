@@ -371,6 +371,9 @@ def test_prewarm_leaves_out_gemms_that_cost_more_gpu_time_than_they_save(monkeyp
     batched = tuple(("t", (3,) + t[1], None, torch.float32, False) for t in mm)
     assert prewarm._matmul_flops("aten.baddbmm.default", (bias,) + batched) == 3 * 2.0 * 8192 * 1024 * 4096
     assert prewarm._matmul_flops("aten.convolution.default", mm) == 0
+    # Attention is warmed at any size (its first call's one-time work dwarfs its GPU time).
+    q = ("t", (8, 16, 2048, 64), None, torch.bfloat16, False)
+    assert prewarm._matmul_flops("aten._scaled_dot_product_flash_attention.default", (q, q, q)) == 0
 
 
 class GroupNormNet(torch.nn.Module):

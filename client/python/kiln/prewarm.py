@@ -20,7 +20,8 @@ constant arguments once) and each distinct library GEMM (same params), with inpu
 torch.empty_strided (never read back) on the device and stream that were current when the graph
 loaded, under no_grad. Skipped: steps with symbolic sizes or needing more than MAX_SCRATCH_BYTES
 of inputs; matrix multiplies of more than MAX_GEMM_FLOPS (their GPU time, ahead of the first
-call's on the same stream, outweighs what warming them saves); convolutions under
+call's on the same stream, outweighs what warming them saves; attention steps are warmed at any
+size, their first call's one-time work being far larger); convolutions under
 torch.backends.cudnn.benchmark (its timing runs would compete with the main thread's). Nothing
 here can fail a load: a call that raises is counted as an error, logged (logger "kiln", debug
 level) and passed over.
@@ -74,6 +75,10 @@ MAX_SCRATCH_BYTES = 256 << 20  # inputs of one warm call (its outputs and worksp
 # behind it. A GEMM of more floating-point operations than this (2 x batch x m x n x k) costs the
 # first call more GPU time than its warm-up saves (an fp32 8192 x 1024 x 4096 one, 69 GFLOP, takes
 # about 1.4 ms of an H200: six of them made a training block's first call 4 ms slower): not warmed.
+# Attention steps are warmed whatever their size: their first call's one-time work is far larger
+# than their GPU time (H200, bf16 causal flash attention of 8 x 16 x 2048 x 64, 137 GFLOP forward:
+# first forward 84-468 ms, then 0.28 ms; forward and backward 122-974 ms, then 1.2-1.5 ms; even
+# after a warm-up with 128 queries, the 2048-query call's first forward took 42-44 ms).
 MAX_GEMM_FLOPS = 8e9
 # A graph's warm-ups run on this many threads at most. Most of a warm-up is cuDNN's or cuBLASLt's
 # C++ (the GIL released). On one thread ResNet-50 fp16's 25 were still running when its package had
