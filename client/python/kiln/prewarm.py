@@ -77,8 +77,9 @@ MAX_SCRATCH_BYTES = 256 << 20  # inputs of one warm call (its outputs and worksp
 # about 1.4 ms of an H200: six of them made a training block's first call 4 ms slower): not warmed.
 # Attention steps are warmed whatever their size: their first call's one-time work is far larger
 # than their GPU time (H200, bf16 causal flash attention of 8 x 16 x 2048 x 64, 137 GFLOP forward:
-# first forward 84-468 ms, then 0.28 ms; forward and backward 122-974 ms, then 1.2-1.5 ms; even
-# after a warm-up with 128 queries, the 2048-query call's first forward took 42-44 ms).
+# first forward 67-914 ms, then 0.28 ms; forward and backward 159-1289 ms, then 1.3 ms; after a
+# warm-up with 128 queries, the 2048-query first forward still took 41-46 ms), by
+# tests/gpu/attention_first_call.py.
 MAX_GEMM_FLOPS = 8e9
 # A graph's warm-ups run on this many threads at most. Most of a warm-up is cuDNN's or cuBLASLt's
 # C++ (the GIL released). On one thread ResNet-50 fp16's 25 were still running when its package had
