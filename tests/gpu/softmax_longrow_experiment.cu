@@ -20,7 +20,8 @@
 // Environment: ONLY=<variant index>, FROM=<first variant index>, REPS=<timed runs>. What it found
 // is in docs/benchmarks.md ("Session 19 runs"): the warp-specialized version 3 reaches 44.5 us
 // (71% of the 1 GiB copy's rate, 83.5% of a cudaMemcpyAsync of the same bytes) with ex2.approx
-// exps, 53.4 us with accurate expf, against 57.9 us for kiln's cluster kernel; not built into kiln.
+// exps; with accurate expf, version 4 (exps written back) 50.1 us, against 57.9 us for kiln's
+// cluster kernel; not built into kiln.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -364,7 +365,10 @@ __device__ __forceinline__ void named_sync(int id, int count) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(count) : "memory");
 }
 
-template <int TA, int TB, int S, int K, bool FAST>
+// WB (version 4): the statistics warps take the piece's max first, then write exp(x - max) back
+// into the buffer, so that the store warps only scale (one multiply an element, no exp); a second
+// mbarrier a buffer (`ready`, one arrival per statistics thread) tells the stores it is written.
+template <int TA, int TB, int S, int K, bool FAST, bool WB = false>
 __global__ void __launch_bounds__(TA + TB, 1) longrow_softmax3(const float* __restrict__ x, float* __restrict__ y,
                                                                 unsigned long long* __restrict__ partial,
                                                                 unsigned* __restrict__ done, int rows, int cols) {
@@ -376,6 +380,8 @@ __global__ void __launch_bounds__(TA + TB, 1) longrow_softmax3(const float* __re
   __shared__ uint64_t bars[K];
   __shared__ float2 red[2][TA / 32];
   __shared__ float2 row_stat[2];
+  __shared__ uint64_t ready[K];
+  __shared__ float piece_max[K];
   const int P = cols / S;
   const int total = rows * P;
   const int G = gridDim.x, b = blockIdx.x, tid = threadIdx.x, lane = tid & 31;
@@ -392,13 +398,56 @@ __global__ void __launch_bounds__(TA + TB, 1) longrow_softmax3(const float* __re
   };
   if (tid == 0) {
     for (int k = 0; k < K; ++k) mbar_init(&bars[k], 1);
+    for (int k = 0; k < K; ++k) mbar_init(&ready[k], TA);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
     for (int t = 0; t < K && t < n; ++t) issue(t);
   }
   __syncthreads();
 
-  if (tid < TA) {  // statistics
+  if (WB && tid < TA) {  // statistics, exps written back
+    const int warp = tid >> 5;
+    for (int t = 0; t < n; ++t) {
+      while (!mbar_try(&bars[t % K], (t / K) & 1)) {}
+      float4* p = reinterpret_cast<float4*>(buf + (t % K) * S);
+      float v[VA];
+#pragma unroll
+      for (int q = 0; q < VA / 4; ++q) {
+        const float4 f = p[tid + q * TA];
+        v[4 * q] = f.x; v[4 * q + 1] = f.y; v[4 * q + 2] = f.z; v[4 * q + 3] = f.w;
+      }
+      float m = v[0];
+#pragma unroll
+      for (int j = 1; j < VA; ++j) m = fmaxf(m, v[j]);
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+      if (lane == 0) red[t & 1][warp].x = m;
+      named_sync(1, TA);
+      float M = red[t & 1][0].x;
+#pragma unroll
+      for (int w = 1; w < TA / 32; ++w) M = fmaxf(M, red[t & 1][w].x);
+      float s = 0.f;
+#pragma unroll
+      for (int j = 0; j < VA; ++j) {
+        v[j] = M == -INFINITY ? 0.f : expo<FAST>(v[j] - M);
+        s += v[j];
+      }
+#pragma unroll
+      for (int q = 0; q < VA / 4; ++q) p[tid + q * TA] = make_float4(v[4 * q], v[4 * q + 1], v[4 * q + 2], v[4 * q + 3]);
+      if (tid == 0) piece_max[t % K] = M;
+      asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(saddr(&ready[t % K])) : "memory");
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+      if (lane == 0) red[t & 1][warp].y = s;
+      named_sync(1, TA);
+      if (warp == 0) {
+        float r = lane < TA / 32 ? red[t & 1][lane].y : 0.f;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) r += __shfl_xor_sync(0xffffffffu, r, o);
+        if (lane == 0) st_relaxed64(&partial[piece(t)], pack_ms(M, r));
+      }
+    }
+  } else if (tid < TA) {  // statistics
     const int warp = tid >> 5;
     for (int t = 0; t < n; ++t) {
       while (!mbar_try(&bars[t % K], (t / K) & 1)) {}
@@ -467,18 +516,32 @@ __global__ void __launch_bounds__(TA + TB, 1) longrow_softmax3(const float* __re
     if (lead && n > 0) { prefetch(0); resolve(0); }
     named_sync(2, TB);
     for (int t = 0; t < n; ++t) {
-      while (!mbar_try(&bars[t % K], (t / K) & 1)) {}  // makes the bulk copy's bytes visible here
+      if (WB) {
+        while (!mbar_try(&ready[t % K], (t / K) & 1)) {}  // the exps written back
+      } else {
+        while (!mbar_try(&bars[t % K], (t / K) & 1)) {}  // makes the bulk copy's bytes visible here
+      }
       if (lead && t + 1 < n) prefetch(t + 1);
       const float4* p = reinterpret_cast<const float4*>(buf + (t % K) * S);
       float4* out = reinterpret_cast<float4*>(y + piece(t) * S);
       const float M = row_stat[t & 1].x, inv = row_stat[t & 1].y;
+      if (WB) {
+        const float pm = piece_max[t % K];
+        const float scale = pm == -INFINITY ? 0.f : expo<FAST>(pm - M) * inv;
 #pragma unroll
-      for (int q = 0; q < VB / 4; ++q) {
-        const float4 f = p[bt + q * TB];
-        float4 o;
-        o.x = expo<FAST>(f.x - M) * inv; o.y = expo<FAST>(f.y - M) * inv;
-        o.z = expo<FAST>(f.z - M) * inv; o.w = expo<FAST>(f.w - M) * inv;
-        out[bt + q * TB] = o;
+        for (int q = 0; q < VB / 4; ++q) {
+          const float4 f = p[bt + q * TB];
+          out[bt + q * TB] = make_float4(f.x * scale, f.y * scale, f.z * scale, f.w * scale);
+        }
+      } else {
+#pragma unroll
+        for (int q = 0; q < VB / 4; ++q) {
+          const float4 f = p[bt + q * TB];
+          float4 o;
+          o.x = expo<FAST>(f.x - M) * inv; o.y = expo<FAST>(f.y - M) * inv;
+          o.z = expo<FAST>(f.z - M) * inv; o.w = expo<FAST>(f.w - M) * inv;
+          out[bt + q * TB] = o;
+        }
       }
       if (lead && t + 1 < n) resolve(t + 1);
       named_sync(2, TB);  // buffer t read by every store thread; the next row's statistics in row_stat
@@ -650,9 +713,9 @@ int main() {
   VARIANT2(512, 4096, 12, 5, true, 1)
   VARIANT2(256, 4096, 6, 2, true, 2)
   VARIANT2(512, 8192, 6, 2, false, 1)
-#define VARIANT3(TA, TB, S, K, FAST)                                                                                  \
+#define VARIANT3(TA, TB, S, K, FAST, ...)                                                                                  \
   if ((!only || std::string(only) == std::to_string(vidx)) && vidx >= from) {                                                           \
-    auto k = longrow_softmax3<TA, TB, S, K, FAST>;                                                                    \
+    auto k = longrow_softmax3<TA, TB, S, K, FAST, ##__VA_ARGS__>;                                                                    \
     const int smem = K * S * 4;                                                                                       \
     CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));                                  \
     int grid = sms;                                                                                                   \
@@ -665,7 +728,7 @@ int main() {
     launch();                                                                                                         \
     CK(cudaGetLastError()); CK(cudaDeviceSynchronize());                                                              \
     const float us = median_us(launch, reps);                                                                         \
-    char name[128]; snprintf(name, sizeof name, "[%d] v3 TA=%d TB=%d S=%d K=%d fast=%d grid=%d", vidx, TA, TB, S, K, FAST, grid); \
+    char name[128]; snprintf(name, sizeof name, "[%d] v3 TA=%d TB=%d S=%d K=%d fast=%d%s grid=%d", vidx, TA, TB, S, K, FAST, #__VA_ARGS__[0] ? " wb" : "", grid); \
     check(name, us);                                                                                                  \
   }                                                                                                                   \
   ++vidx;
@@ -677,5 +740,10 @@ int main() {
   VARIANT3(256, 512, 16384, 3, true)
   VARIANT3(256, 512, 8192, 6, false)
   VARIANT3(512, 512, 8192, 6, false)
+  VARIANT3(256, 256, 8192, 6, true, true)
+  VARIANT3(256, 256, 8192, 6, false, true)
+  VARIANT3(256, 512, 8192, 6, false, true)
+  VARIANT3(512, 256, 8192, 6, false, true)
+  VARIANT3(256, 256, 8192, 6, false)
   return 0;
 }
