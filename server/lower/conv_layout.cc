@@ -149,6 +149,10 @@ int ChooseConvLayouts(OpGraph* g) {
     bool readers_nhwc = true, any_live = false;
     for (int32_t u : g->value_users[v.id]) {
       const LValue& r = g->values[u];
+      if (r.kind == ValueKind::kView) {  // its strides derive from v's recorded ones
+        readers_nhwc = false;
+        break;
+      }
       if (g->value_users[u].empty() && g->step_users[u].empty() && !rules.IsGraphOutput(u)) continue;  // unused
       any_live = true;
       readers_nhwc &= (r.kind == ValueKind::kPointwise || r.kind == ValueKind::kRowOutput) && nhwc[u];
