@@ -24,34 +24,16 @@
 #include <string>
 #include <vector>
 
-#define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { printf("CUDA %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); exit(1);} } while (0)
+#include "experiment_common.cuh"
+
 #define DK(x) do { CUresult e_ = (x); if (e_ != CUDA_SUCCESS) { const char* s_; cuGetErrorString(e_, &s_); printf("CU %s at %s:%d\n", s_, __FILE__, __LINE__); exit(1);} } while (0)
 
 constexpr int kCols = 50257;
-constexpr float kLog2e = 1.4426950408889634f;
 
-__device__ __forceinline__ uint32_t saddr(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
-__device__ __forceinline__ void mbar_init(uint64_t* b, uint32_t n) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(saddr(b)), "r"(n) : "memory");
-}
-__device__ __forceinline__ void mbar_expect(uint64_t* b, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(saddr(b)), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ bool mbar_try(uint64_t* b, uint32_t parity) {
-  uint32_t ok;
-  asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
-               : "=r"(ok) : "r"(saddr(b)), "r"(parity) : "memory");
-  return ok != 0;
-}
-__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* b) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-               ::"r"(saddr(dst)), "l"(src), "r"(bytes), "r"(saddr(b)) : "memory");
-}
 __device__ __forceinline__ void bulk_load_hint(void* dst, const void* src, uint32_t bytes, uint64_t* b, uint64_t pol) {
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;"
                ::"r"(saddr(dst)), "l"(src), "r"(bytes), "r"(saddr(b)), "l"(pol) : "memory");
 }
-__device__ __forceinline__ float ex2(float x) { float r; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x)); return r; }
 __device__ __forceinline__ float lo(uint32_t w) { return __uint_as_float(w << 16); }
 __device__ __forceinline__ float hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
 __device__ __forceinline__ uint32_t pack(float a, float b) {
@@ -268,29 +250,6 @@ __global__ void __launch_bounds__(T, 1) softmax_bulk(const uint16_t* __restrict_
 
 static float bf2f(uint16_t h) { uint32_t w = uint32_t(h) << 16; float f; memcpy(&f, &w, 4); return f; }
 static uint16_t f2bf(float f) { uint32_t w; memcpy(&w, &f, 4); w += 0x7fff + ((w >> 16) & 1); return uint16_t(w >> 16); }
-
-struct Timer {
-  cudaEvent_t a, b;
-  Timer() { CK(cudaEventCreate(&a)); CK(cudaEventCreate(&b)); }
-};
-
-template <typename F>
-static float median_us(F launch, int reps) {
-  Timer t;
-  std::vector<float> ms;
-  for (int i = 0; i < 3; ++i) launch();
-  CK(cudaDeviceSynchronize());
-  for (int i = 0; i < reps; ++i) {
-    CK(cudaEventRecord(t.a));
-    launch();
-    CK(cudaEventRecord(t.b));
-    CK(cudaEventSynchronize(t.b));
-    float m; CK(cudaEventElapsedTime(&m, t.a, t.b)); ms.push_back(m * 1000.f);
-  }
-  CK(cudaGetLastError());
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
-}
 
 int main(int argc, char** argv) {
   const int rows = 4096;

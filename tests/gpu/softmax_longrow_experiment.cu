@@ -32,29 +32,12 @@
 #include <string>
 #include <vector>
 
-#define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { printf("CUDA %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); exit(1);} } while (0)
+#include "experiment_common.cuh"
+
 
 constexpr int kRows = 64;
 constexpr int kCols = 262144;
-constexpr float kLog2e = 1.4426950408889634f;
 
-__device__ __forceinline__ uint32_t saddr(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
-__device__ __forceinline__ void mbar_init(uint64_t* b, uint32_t n) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(saddr(b)), "r"(n) : "memory");
-}
-__device__ __forceinline__ void mbar_expect(uint64_t* b, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(saddr(b)), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ bool mbar_try(uint64_t* b, uint32_t parity) {
-  uint32_t ok;
-  asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
-               : "=r"(ok) : "r"(saddr(b)), "r"(parity) : "memory");
-  return ok != 0;
-}
-__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* b) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-               ::"r"(saddr(dst)), "l"(src), "r"(bytes), "r"(saddr(b)) : "memory");
-}
 __device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
   unsigned v;
   asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
@@ -63,7 +46,6 @@ __device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
 __device__ __forceinline__ void red_release_add(unsigned* p, unsigned v) {
   asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
-__device__ __forceinline__ float ex2(float x) { float r; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x)); return r; }
 
 template <bool FAST>
 __device__ __forceinline__ float expo(float x) { return FAST ? ex2(x * kLog2e) : expf(x); }
@@ -75,6 +57,60 @@ __device__ __forceinline__ void combine(float& m, float& s, float m2, float s2) 
   if (M == -INFINITY) return;
   s = (m == -INFINITY ? 0.f : s * expo<FAST>(m - M)) + (m2 == -INFINITY ? 0.f : s2 * expo<FAST>(m2 - M));
   m = M;
+}
+
+// Folds the (max, sum) pairs of a warp's lanes: every lane ends with the warp's pair.
+template <bool FAST>
+__device__ __forceinline__ void warp_combine(float& m, float& s) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
+    combine<FAST>(m, s, m2, s2);
+  }
+}
+
+// Brings a piece of S floats at `src` into shared memory at `dst` through the bulk copy engine,
+// in copies of 16 KiB completing on `bar`.
+template <int S>
+__device__ __forceinline__ void issue_piece(float* dst, const float* src, uint64_t* bar) {
+  mbar_expect(bar, S * 4);
+  constexpr uint32_t kPiece = 16384;
+  for (uint32_t off = 0; off < S * 4; off += kPiece) {
+    bulk_load(dst + off / 4, src + off / 4, min(kPiece, uint32_t(S * 4) - off), bar);
+  }
+}
+
+// The (max, sum of exps) of a piece of S floats in shared memory, computed by the T threads that
+// call it (this one is `tid` of them) through `red` (T / 32 slots) and `sync` (a barrier over those
+// threads). Every lane of warp 0 gets the piece's pair; the others get the (-inf, 0) pair.
+template <int T, int S, bool FAST, typename Sync>
+__device__ __forceinline__ float2 piece_stats(const float* piece, int tid, float2* red, Sync sync) {
+  constexpr int V = S / T;
+  const int lane = tid & 31, warp = tid >> 5;
+  const float4* p = reinterpret_cast<const float4*>(piece);
+  float v[V];
+#pragma unroll
+  for (int q = 0; q < V / 4; ++q) {
+    const float4 f = p[tid + q * T];
+    v[4 * q] = f.x; v[4 * q + 1] = f.y; v[4 * q + 2] = f.z; v[4 * q + 3] = f.w;
+  }
+  float m = v[0];
+#pragma unroll
+  for (int j = 1; j < V; ++j) m = fmaxf(m, v[j]);
+  float s = 0.f;
+  if (m != -INFINITY) {
+#pragma unroll
+    for (int j = 0; j < V; ++j) s += expo<FAST>(v[j] - m);
+  }
+  warp_combine<FAST>(m, s);
+  if (lane == 0) red[warp] = make_float2(m, s);
+  sync();
+  float2 r = make_float2(-INFINITY, 0.f);
+  if (warp == 0) {
+    if (lane < T / 32) r = red[lane];
+    warp_combine<FAST>(r.x, r.y);
+  }
+  return r;
 }
 
 template <int T, int S, int K, int D, bool FAST, bool STCS>
@@ -93,47 +129,11 @@ __global__ void __launch_bounds__(T, 1) longrow_softmax(const float* __restrict_
   const int G = gridDim.x, b = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int n = b < total ? (total - 1 - b) / G + 1 : 0;
 
-  auto issue = [&](int t) {
-    const size_t i = size_t(b) + size_t(t) * G;
-    float* dst = buf + (t % K) * S;
-    const float* src = x + i * S;
-    mbar_expect(&bars[t % K], S * 4);
-    constexpr uint32_t kPiece = 16384;
-    for (uint32_t off = 0; off < S * 4; off += kPiece) {
-      bulk_load(dst + off / 4, src + off / 4, min(kPiece, uint32_t(S * 4) - off), &bars[t % K]);
-    }
-  };
+  auto issue = [&](int t) { issue_piece<S>(buf + (t % K) * S, x + (size_t(b) + size_t(t) * G) * S, &bars[t % K]); };
   auto stats = [&](int t) {
     while (!mbar_try(&bars[t % K], (t / K) & 1)) {}
-    const float4* p = reinterpret_cast<const float4*>(buf + (t % K) * S);
-    float v[V];
-#pragma unroll
-    for (int q = 0; q < V / 4; ++q) {
-      const float4 f = p[tid + q * T];
-      v[4 * q] = f.x; v[4 * q + 1] = f.y; v[4 * q + 2] = f.z; v[4 * q + 3] = f.w;
-    }
-    float m = v[0];
-#pragma unroll
-    for (int j = 1; j < V; ++j) m = fmaxf(m, v[j]);
-    float s = 0.f;
-    if (m != -INFINITY) {
-#pragma unroll
-      for (int j = 0; j < V; ++j) s += expo<FAST>(v[j] - m);
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      const float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
-      combine<FAST>(m, s, m2, s2);
-    }
-    if (lane == 0) red[warp] = make_float2(m, s);
-    __syncthreads();
+    const float2 r = piece_stats<T, S, FAST>(buf + (t % K) * S, tid, red, [] { __syncthreads(); });
     if (warp == 0) {
-      float2 r = lane < T / 32 ? red[lane] : make_float2(-INFINITY, 0.f);
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) {
-        const float m2 = __shfl_xor_sync(0xffffffffu, r.x, o), s2 = __shfl_xor_sync(0xffffffffu, r.y, o);
-        combine<FAST>(r.x, r.y, m2, s2);
-      }
       if (lane == 0) {
         const size_t i = size_t(b) + size_t(t) * G;
         partial[i] = r;
@@ -149,11 +149,7 @@ __global__ void __launch_bounds__(T, 1) longrow_softmax(const float* __restrict_
         const float2 q = __ldcg(&partial[size_t(row) * P + j]);
         combine<FAST>(m, s, q.x, q.y);
       }
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) {
-        const float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
-        combine<FAST>(m, s, m2, s2);
-      }
+      warp_combine<FAST>(m, s);
       if (lane == 0) row_stat = make_float2(m, 1.f / s);
     }
     __syncthreads();
@@ -216,6 +212,35 @@ __device__ __forceinline__ unsigned long long pack_ms(float m, float s) {
   return (static_cast<unsigned long long>(__float_as_uint(s)) << 32) | mb;
 }
 
+constexpr int kMaxPL = 4;  // partials per lane: rows of at most 128 pieces
+
+// Warp 0 loads the P partials of a row (from `base`) into `pre`, without waiting for them.
+__device__ __forceinline__ void prefetch_row(const unsigned long long* partial, size_t base, int P, int lane,
+                                             unsigned long long (&pre)[kMaxPL]) {
+#pragma unroll
+  for (int k = 0; k < kMaxPL; ++k) {
+    const int j = lane + 32 * k;
+    pre[k] = j < P ? ld_relaxed64(&partial[base + j]) : 0ull;
+  }
+}
+
+// Then the row's (max, 1 / sum) in every lane, reloading each partial still unwritten.
+template <bool FAST>
+__device__ __forceinline__ float2 resolve_row(const unsigned long long* partial, size_t base, int P, int lane,
+                                              unsigned long long (&pre)[kMaxPL]) {
+  float m = -INFINITY, s = 0.f;
+#pragma unroll
+  for (int k = 0; k < kMaxPL; ++k) {
+    const int j = lane + 32 * k;
+    if (j < P) {
+      while (pre[k] == kUnwritten) pre[k] = ld_relaxed64(&partial[base + j]);
+      combine<FAST>(m, s, __uint_as_float(unsigned(pre[k])), __uint_as_float(unsigned(pre[k] >> 32)));
+    }
+  }
+  warp_combine<FAST>(m, s);
+  return make_float2(m, 1.f / s);
+}
+
 template <int T, int S, int K, int D, bool FAST>
 __global__ void __launch_bounds__(T, 1) longrow_softmax2(const float* __restrict__ x, float* __restrict__ y,
                                                          unsigned long long* __restrict__ partial,
@@ -223,7 +248,6 @@ __global__ void __launch_bounds__(T, 1) longrow_softmax2(const float* __restrict
   static_assert(S % (4 * T) == 0, "a piece is whole float4s per thread");
   static_assert(D >= 2 && D <= K - 1, "statistics run 2 to K - 1 pieces ahead of the stores");
   constexpr int V = S / T;
-  constexpr int kMaxPL = 4;  // partials per lane: rows of at most 128 pieces
   extern __shared__ __align__(128) unsigned char smem[];
   float* const buf = reinterpret_cast<float*>(smem);
   __shared__ uint64_t bars[K];
@@ -236,74 +260,18 @@ __global__ void __launch_bounds__(T, 1) longrow_softmax2(const float* __restrict
   unsigned long long pre[kMaxPL];
   auto piece = [&](int t) { return size_t(b) + size_t(t) * G; };
 
-  auto issue = [&](int t) {
-    float* dst = buf + (t % K) * S;
-    const float* src = x + piece(t) * S;
-    mbar_expect(&bars[t % K], S * 4);
-    constexpr uint32_t kPiece = 16384;
-    for (uint32_t off = 0; off < S * 4; off += kPiece) {
-      bulk_load(dst + off / 4, src + off / 4, min(kPiece, uint32_t(S * 4) - off), &bars[t % K]);
-    }
-  };
+  auto issue = [&](int t) { issue_piece<S>(buf + (t % K) * S, x + piece(t) * S, &bars[t % K]); };
   auto stats = [&](int t) {
     while (!mbar_try(&bars[t % K], (t / K) & 1)) {}
-    const float4* p = reinterpret_cast<const float4*>(buf + (t % K) * S);
-    float v[V];
-#pragma unroll
-    for (int q = 0; q < V / 4; ++q) {
-      const float4 f = p[tid + q * T];
-      v[4 * q] = f.x; v[4 * q + 1] = f.y; v[4 * q + 2] = f.z; v[4 * q + 3] = f.w;
-    }
-    float m = v[0];
-#pragma unroll
-    for (int j = 1; j < V; ++j) m = fmaxf(m, v[j]);
-    float s = 0.f;
-    if (m != -INFINITY) {
-#pragma unroll
-      for (int j = 0; j < V; ++j) s += expo<FAST>(v[j] - m);
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      const float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
-      combine<FAST>(m, s, m2, s2);
-    }
-    if (lane == 0) red[warp] = make_float2(m, s);
-    __syncthreads();
+    const float2 r = piece_stats<T, S, FAST>(buf + (t % K) * S, tid, red, [] { __syncthreads(); });
     if (warp == 0) {
-      float2 r = lane < T / 32 ? red[lane] : make_float2(-INFINITY, 0.f);
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) {
-        const float m2 = __shfl_xor_sync(0xffffffffu, r.x, o), s2 = __shfl_xor_sync(0xffffffffu, r.y, o);
-        combine<FAST>(r.x, r.y, m2, s2);
-      }
       if (lane == 0) st_relaxed64(&partial[piece(t)], pack_ms(r.x, r.y));
     }
   };
-  auto prefetch = [&](int t) {  // warp 0
-    const size_t base = piece(t) / P * P;
-#pragma unroll
-    for (int k = 0; k < kMaxPL; ++k) {
-      const int j = lane + 32 * k;
-      pre[k] = j < P ? ld_relaxed64(&partial[base + j]) : 0ull;
-    }
-  };
+  auto prefetch = [&](int t) { prefetch_row(partial, piece(t) / P * P, P, lane, pre); };  // warp 0
   auto resolve = [&](int t, int slot) {  // warp 0
-    const size_t base = piece(t) / P * P;
-    float m = -INFINITY, s = 0.f;
-#pragma unroll
-    for (int k = 0; k < kMaxPL; ++k) {
-      const int j = lane + 32 * k;
-      if (j < P) {
-        while (pre[k] == kUnwritten) pre[k] = ld_relaxed64(&partial[base + j]);
-        combine<FAST>(m, s, __uint_as_float(unsigned(pre[k])), __uint_as_float(unsigned(pre[k] >> 32)));
-      }
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      const float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
-      combine<FAST>(m, s, m2, s2);
-    }
-    if (lane == 0) row_stat[slot] = make_float2(m, 1.f / s);
+    const float2 r = resolve_row<FAST>(partial, piece(t) / P * P, P, lane, pre);
+    if (lane == 0) row_stat[slot] = r;
   };
   auto store = [&](int t) {
     const float4* p = reinterpret_cast<const float4*>(buf + (t % K) * S);
@@ -374,7 +342,7 @@ __global__ void __launch_bounds__(TA + TB, 1) longrow_softmax3(const float* __re
                                                                 unsigned* __restrict__ done, int rows, int cols) {
   static_assert(S % (4 * TA) == 0 && S % (4 * TB) == 0, "a piece is whole float4s per thread");
   static_assert(K >= 3, "see above");
-  constexpr int VA = S / TA, VB = S / TB, kMaxPL = 4;
+  constexpr int VA = S / TA, VB = S / TB;
   extern __shared__ __align__(128) unsigned char smem[];
   float* const buf = reinterpret_cast<float*>(smem);
   __shared__ uint64_t bars[K];
@@ -387,15 +355,7 @@ __global__ void __launch_bounds__(TA + TB, 1) longrow_softmax3(const float* __re
   const int G = gridDim.x, b = blockIdx.x, tid = threadIdx.x, lane = tid & 31;
   const int n = b < total ? (total - 1 - b) / G + 1 : 0;
   auto piece = [&](int t) { return size_t(b) + size_t(t) * G; };
-  auto issue = [&](int t) {
-    float* dst = buf + (t % K) * S;
-    const float* src = x + piece(t) * S;
-    mbar_expect(&bars[t % K], S * 4);
-    constexpr uint32_t kPiece = 16384;
-    for (uint32_t off = 0; off < S * 4; off += kPiece) {
-      bulk_load(dst + off / 4, src + off / 4, min(kPiece, uint32_t(S * 4) - off), &bars[t % K]);
-    }
-  };
+  auto issue = [&](int t) { issue_piece<S>(buf + (t % K) * S, x + piece(t) * S, &bars[t % K]); };
   if (tid == 0) {
     for (int k = 0; k < K; ++k) mbar_init(&bars[k], 1);
     for (int k = 0; k < K; ++k) mbar_init(&ready[k], TA);
@@ -451,67 +411,17 @@ __global__ void __launch_bounds__(TA + TB, 1) longrow_softmax3(const float* __re
     const int warp = tid >> 5;
     for (int t = 0; t < n; ++t) {
       while (!mbar_try(&bars[t % K], (t / K) & 1)) {}
-      const float4* p = reinterpret_cast<const float4*>(buf + (t % K) * S);
-      float v[VA];
-#pragma unroll
-      for (int q = 0; q < VA / 4; ++q) {
-        const float4 f = p[tid + q * TA];
-        v[4 * q] = f.x; v[4 * q + 1] = f.y; v[4 * q + 2] = f.z; v[4 * q + 3] = f.w;
-      }
-      float m = v[0];
-#pragma unroll
-      for (int j = 1; j < VA; ++j) m = fmaxf(m, v[j]);
-      float s = 0.f;
-      if (m != -INFINITY) {
-#pragma unroll
-        for (int j = 0; j < VA; ++j) s += expo<FAST>(v[j] - m);
-      }
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) {
-        const float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
-        combine<FAST>(m, s, m2, s2);
-      }
-      if (lane == 0) red[t & 1][warp] = make_float2(m, s);
-      named_sync(1, TA);
-      if (warp == 0) {
-        float2 r = lane < TA / 32 ? red[t & 1][lane] : make_float2(-INFINITY, 0.f);
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-          const float m2 = __shfl_xor_sync(0xffffffffu, r.x, o), s2 = __shfl_xor_sync(0xffffffffu, r.y, o);
-          combine<FAST>(r.x, r.y, m2, s2);
-        }
-        if (lane == 0) st_relaxed64(&partial[piece(t)], pack_ms(r.x, r.y));
-      }
+      const float2 r = piece_stats<TA, S, FAST>(buf + (t % K) * S, tid, red[t & 1], [] { named_sync(1, TA); });
+      if (warp == 0 && lane == 0) st_relaxed64(&partial[piece(t)], pack_ms(r.x, r.y));
     }
   } else {  // stores
     const int bt = tid - TA;
     const bool lead = bt < 32;
     unsigned long long pre[kMaxPL];
-    auto prefetch = [&](int t) {
-      const size_t base = piece(t) / P * P;
-#pragma unroll
-      for (int k = 0; k < kMaxPL; ++k) {
-        const int j = lane + 32 * k;
-        pre[k] = j < P ? ld_relaxed64(&partial[base + j]) : 0ull;
-      }
-    };
+    auto prefetch = [&](int t) { prefetch_row(partial, piece(t) / P * P, P, lane, pre); };
     auto resolve = [&](int t) {
-      const size_t base = piece(t) / P * P;
-      float m = -INFINITY, s = 0.f;
-#pragma unroll
-      for (int k = 0; k < kMaxPL; ++k) {
-        const int j = lane + 32 * k;
-        if (j < P) {
-          while (pre[k] == kUnwritten) pre[k] = ld_relaxed64(&partial[base + j]);
-          combine<FAST>(m, s, __uint_as_float(unsigned(pre[k])), __uint_as_float(unsigned(pre[k] >> 32)));
-        }
-      }
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) {
-        const float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
-        combine<FAST>(m, s, m2, s2);
-      }
-      if (lane == 0) row_stat[t & 1] = make_float2(m, 1.f / s);
+      const float2 r = resolve_row<FAST>(partial, piece(t) / P * P, P, lane, pre);
+      if (lane == 0) row_stat[t & 1] = r;
     };
     if (lead && n > 0) { prefetch(0); resolve(0); }
     named_sync(2, TB);
@@ -567,29 +477,6 @@ __global__ void __launch_bounds__(TA + TB, 1) longrow_softmax3(const float* __re
 
 __global__ void copy4(const float4* __restrict__ a, float4* __restrict__ b, size_t n4) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n4; i += size_t(gridDim.x) * blockDim.x) b[i] = a[i];
-}
-
-struct Timer {
-  cudaEvent_t a, b;
-  Timer() { CK(cudaEventCreate(&a)); CK(cudaEventCreate(&b)); }
-};
-
-template <typename F>
-static float median_us(F launch, int reps) {
-  Timer t;
-  std::vector<float> ms;
-  for (int i = 0; i < 3; ++i) launch();
-  CK(cudaDeviceSynchronize());
-  for (int i = 0; i < reps; ++i) {
-    CK(cudaEventRecord(t.a));
-    launch();
-    CK(cudaEventRecord(t.b));
-    CK(cudaEventSynchronize(t.b));
-    float m; CK(cudaEventElapsedTime(&m, t.a, t.b)); ms.push_back(m * 1000.f);
-  }
-  CK(cudaGetLastError());
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
 }
 
 int main() {
