@@ -136,10 +136,10 @@ int ChooseConvLayouts(OpGraph* g) {
   }
   // Values kernels compute for kernels only, whose readers are all channels-last kernel values or
   // unused (max_pool2d's windows over a batch norm's output, and its unused indices, at a ResNet's
-  // stem in inference, where the convolution
-  // read the NCHW image): they follow their readers, so the pointwise kernel transposes through
-  // its tiled loads instead of the windowed reads gathering along channels (ResNet-18 fp32 on an
-  // H200: such a pooling kernel took 121 us per step). Reverse id order: readers are decided first.
+  // stem in inference, where the convolution read the NCHW image): they follow their readers, so
+  // the pointwise kernel transposes through its tiled loads instead of the windowed reads
+  // gathering along channels (ResNet-18 fp32 on an H200: such a pooling kernel took 121 us per
+  // step). Reverse id order: readers are decided first.
   for (auto it = g->values.rbegin(); it != g->values.rend(); ++it) {
     LValue& v = *it;
     if (v.kind != ValueKind::kPointwise || nhwc[v.id] || !IsFloat4d(v) || rules.IsGraphOutput(v.id) ||

@@ -23,8 +23,9 @@
 //   * a kernel computes it in a floating type, only convolutions whose input is channels-last
 //     read it, each as its weight (argument 1; autocast's casts of parameters), no view reads
 //     it, and it is not a graph output (torch would copy an NCHW weight to NHWC per call); or
-//   * a kernel computes it (kPointwise) in a floating type, only kernels read it, every one of
-//     them computes a channels-last value, and it is not a graph output: it follows its readers
+//   * a kernel computes it (kPointwise) in a floating type, only kernels read it (no steps, no
+//     views), every one of them whose value is used computes a channels-last value (at least one
+//     does), and it is not a graph output: it follows its readers
 //     (a ResNet stem's batch norm before the max_pool2d kernel, when the convolution read the
 //     NCHW image: the transposition then happens in that pointwise kernel, not in the windows).
 // A step's results may follow when none is a graph output or has a storage offset and their

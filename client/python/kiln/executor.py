@@ -552,10 +552,8 @@ class _Program(_WorkspaceMixin, _AtenMixin, _KernelMixin):
         """(sizes, strides) of value i as tuples, or the exception evaluating them raised."""
         m, symbols = self.ex.values[i].meta, self.symbols
         try:  # eval_symint, inlined: a plan has a few hundred values, built at the first call
-            sizes = tuple([eval_expr(s.expr, symbols) if s.WhichOneof("value") == "expr" else s.constant
-                           for s in m.sizes])
-            strides = tuple([eval_expr(s.expr, symbols) if s.WhichOneof("value") == "expr" else s.constant
-                             for s in m.strides])
+            sizes, strides = (tuple([eval_expr(s.expr, symbols) if s.WhichOneof("value") == "expr" else s.constant
+                                     for s in field]) for field in (m.sizes, m.strides))
         except Exception as e:  # an unbound symbol: raised where the value is used, as before
             return e
         if len(strides) != len(sizes):
