@@ -53,6 +53,32 @@ TEST(GraphPathTest, BadGraphNamesTheNode) {
             "node 'addmm' (aten.addmm.default): inferred shape [32, 128] but the graph says [32, 129]");
 }
 
+TEST(GraphPathTest, FreeLayoutOutputsAreCheckedAndHashed) {
+  v1::Graph g = MlpForward();  // 4 outputs
+  auto key = [](const v1::Graph& graph) {
+    auto prepared = PrepareGraph(Request(graph), GraphLimits(), Compiler());
+    EXPECT_TRUE(prepared.ok()) << prepared.status();
+    return prepared.ok() ? prepared->key.hex : std::string();
+  };
+  const std::string plain = key(g);
+  g.add_free_layout_outputs(1);
+  g.add_free_layout_outputs(3);
+  auto prepared = PrepareGraph(Request(g), GraphLimits(), Compiler());
+  ASSERT_TRUE(prepared.ok()) << prepared.status();
+  EXPECT_EQ(prepared->graph.free_layout_outputs, std::vector<int32_t>({1, 3}));
+  EXPECT_NE(prepared->key.hex, plain);
+  for (const auto& [bad, message] : std::vector<std::pair<std::vector<int32_t>, std::string>>{
+           {{4}, "free_layout_outputs: position 4 is not one of the 4 graph outputs"},
+           {{-1}, "free_layout_outputs: position -1 is not one of the 4 graph outputs"},
+           {{2, 2}, "free_layout_outputs: position 2 comes after 2 (the list must ascend, each position once)"}}) {
+    v1::Graph b = MlpForward();
+    for (int32_t p : bad) b.add_free_layout_outputs(p);
+    auto r = PrepareGraph(Request(b), GraphLimits(), Compiler());
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(r.status().message(), message);
+  }
+}
+
 TEST(GraphPathTest, PrintedGraphIsReadable) {
   auto prepared = PrepareGraph(Request(MlpForward()), GraphLimits(), Compiler());
   ASSERT_TRUE(prepared.ok());

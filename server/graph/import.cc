@@ -150,6 +150,7 @@ class Importer {
       graph_.nodes.push_back(std::move(node));
     }
     if (output < 0) return absl::InvalidArgumentError("graph has no output node");
+    KILN_RETURN_IF_ERROR(ImportFreeLayoutOutputs(graph_.nodes[output]));
     return std::move(graph_);
   }
 
@@ -166,6 +167,26 @@ class Importer {
       return limit ? absl::ResourceExhaustedError(reason) : absl::InvalidArgumentError(reason);
     }
     return limit ? Limit(*current_node_, reason) : Error(*current_node_, reason);
+  }
+
+  // Graph.free_layout_outputs: positions of the output node's list, ascending, each once.
+  absl::Status ImportFreeLayoutOutputs(const Node& output) {
+    const Arg& a = output.args[0];
+    const int64_t count = a.kind == Arg::Kind::kList ? static_cast<int64_t>(a.list.size()) : 1;
+    int64_t last = -1;
+    for (int32_t p : proto_.free_layout_outputs()) {
+      if (p < 0 || p >= count) {
+        return absl::InvalidArgumentError(absl::StrCat("free_layout_outputs: position ", p, " is not one of the ",
+                                                       count, " graph outputs"));
+      }
+      if (p <= last) {
+        return absl::InvalidArgumentError(absl::StrCat("free_layout_outputs: position ", p,
+                                                       " comes after ", last, " (the list must ascend, each position once)"));
+      }
+      last = p;
+      graph_.free_layout_outputs.push_back(p);
+    }
+    return absl::OkStatus();
   }
 
   absl::Status ImportConstants() {

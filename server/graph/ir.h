@@ -150,6 +150,8 @@ struct Graph {
   std::vector<Constant> constants;
   ::kiln::v1::GraphKind kind = ::kiln::v1::GRAPH_KIND_UNSPECIFIED;
   std::string debug_name;
+  // Output positions whose strides kilnd may choose (v1::Graph.free_layout_outputs), ascending.
+  std::vector<int32_t> free_layout_outputs;
 
   // The symbols' hints, indexable by symbol index (a missing hint, 0, is replaced by a positive
   // min_value). Used to order strides and to compare expressions, never hashed.

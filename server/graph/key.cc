@@ -7,6 +7,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "server/graph/op_registry.h"
 
 namespace kiln::graph {
@@ -170,6 +171,9 @@ absl::StatusOr<CacheKey> ComputeKey(const Graph& graph, const v1::Target& target
       k.Add(absl::StrCat(node, ".kwarg.", name), CanonicalArg(value, rank_specific));
     }
     if (n.kind != NodeKind::kOutput) k.Add(absl::StrCat(node, ".meta"), TypeToString(n.type));
+  }
+  if (!graph.free_layout_outputs.empty()) {  // absent from the record otherwise: earlier keys hold
+    k.Add("free_layout_outputs", absl::StrJoin(graph.free_layout_outputs, ","));
   }
   // --- Encoding and digest. ---
   std::unique_ptr<EVP_MD_CTX, void (*)(EVP_MD_CTX*)> ctx(EVP_MD_CTX_new(), EVP_MD_CTX_free);

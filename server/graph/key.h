@@ -16,7 +16,8 @@
 //               per node: its kind, input index, call target, canonical arguments (schema order,
 //               defaults filled, node references as %index), fallback kwargs (sorted by name), and
 //               its metadata (dtype, sizes, strides, storage offset, device kind, layout);
-//               constants' metadata and the SHA-256 of their bytes.
+//               constants' metadata and the SHA-256 of their bytes; Graph.free_layout_outputs when
+//               not empty.
 //   not hashed: node names, placeholder/get_attr/constant names, symbol names and hints, debug info,
 //               device indices (cuda:0 vs cuda:3), requires_grad, list-vs-tuple spelling, keyword-
 //               vs-positional spelling, options keep_source and compile_timeout_ms, ClientInfo,

@@ -150,6 +150,12 @@ absl::StatusOr<Type> InferBatchNormBackward(const InferContext& ctx) {
   KILN_ASSIGN_OR_RETURN(std::vector<bool> mask, BoolMask(ctx, 9));
   const TensorType* weight = ctx.tensor(2);
   Type gi = MaskedLike(ctx, mask, 0, input, false);
+  // Its strides are not checked: torch's decomposition (what fake tensors and the meta device
+  // compute) orders them as elementwise ops over grad_out and input do, CUDA's kernel as input's
+  // suggested memory format; they differ once one of the two is channels-last and the other not
+  // (a training backward whose saved activations kilnd made channels-last, kiln.layouts). kiln's
+  // kernels write the strides the graph states.
+  if (gi.kind == Type::Kind::kTensor) gi.tensor.strides.clear();
   Type gw = Type::None(), gb = Type::None();
   if (input->rank() >= 2) {
     TensorType c = NewTensor(weight ? weight->dtype : input->dtype, {input->sizes[1]}, *input);

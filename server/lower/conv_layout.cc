@@ -27,10 +27,13 @@ bool IsFloat4d(const LValue& v) {
 
 class LayoutRules {
  public:
-  explicit LayoutRules(const OpGraph& g)
-      : g_(g), outputs_(g.outputs.begin(), g.outputs.end()), step_ok_(g.steps.size(), kUnknown) {}
+  explicit LayoutRules(const OpGraph& g) : g_(g), outputs_(FixedOutputs(g)), step_ok_(g.steps.size(), kUnknown) {}
 
+  // Whether `v` is a graph output whose strides the graph states (not one of
+  // Graph.free_layout_outputs only).
   bool IsGraphOutput(int32_t v) const { return outputs_.count(v) > 0; }
+  // Whether `v` is returned at all (free position or not).
+  bool IsReturned(int32_t v) const { return std::count(g_.outputs.begin(), g_.outputs.end(), v) > 0; }
 
   // Reads of `v` allow any layout: kernels read through strides; steps only as the input of a
   // convolution or pooling whose results may follow (StepResultsMayFollow); no views (their
@@ -82,6 +85,19 @@ class LayoutRules {
 
  private:
   enum State : int8_t { kUnknown, kYes, kNo };
+
+  // The values at output positions other than Graph.free_layout_outputs' (a value returned at a
+  // free position and at a fixed one keeps its strides).
+  static std::set<int32_t> FixedOutputs(const OpGraph& g) {
+    std::set<int32_t> free;
+    if (g.graph != nullptr) free.insert(g.graph->free_layout_outputs.begin(), g.graph->free_layout_outputs.end());
+    std::set<int32_t> fixed;
+    for (size_t i = 0; i < g.outputs.size(); ++i) {
+      if (free.count(static_cast<int32_t>(i)) == 0) fixed.insert(g.outputs[i]);
+    }
+    return fixed;
+  }
+
   const OpGraph& g_;
   const std::set<int32_t> outputs_;
   std::vector<State> step_ok_;
@@ -153,7 +169,7 @@ int ChooseConvLayouts(OpGraph* g) {
         readers_nhwc = false;
         break;
       }
-      if (g->value_users[u].empty() && g->step_users[u].empty() && !rules.IsGraphOutput(u)) continue;  // unused
+      if (g->value_users[u].empty() && g->step_users[u].empty() && !rules.IsReturned(u)) continue;  // unused
       any_live = true;
       readers_nhwc &= (r.kind == ValueKind::kPointwise || r.kind == ValueKind::kRowOutput) && nhwc[u];
     }

@@ -31,7 +31,11 @@
 // A step's results may follow when none is a graph output or has a storage offset and their
 // readers allow it by the first rule's conditions (kernels, layout-following steps, no views), so
 // the plan always states the strides torch returns. Graph inputs, constants, outputs and views
-// never change. Every decision is logged at debug level. Returns how many values changed.
+// never change. "Graph output" above means an output at a position other than
+// Graph.free_layout_outputs': a training forward's saved tensors, returned only at such positions,
+// are chosen for like any other value (the client reports the plan's strides to AOTAutograd, which
+// compiles the backward for them; client/python/kiln/layouts.py). Every decision is logged at
+// debug level. Returns how many values changed.
 
 #include "server/lower/op_graph.h"
 

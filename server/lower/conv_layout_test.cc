@@ -40,8 +40,11 @@ struct Lowered {
   graph::PreparedGraph prepared;
   OpGraph ops;
 
-  void Lower(GraphBuilder& b) {
-    auto p = graph::PrepareGraph(CudaRequest(b), graph::GraphLimits(), graph::CompilerIdentity());
+  // free: Graph.free_layout_outputs (a training forward's saved tensors).
+  void Lower(GraphBuilder& b, std::vector<int32_t> free = {}) {
+    v1::CompileRequest req = CudaRequest(b);
+    for (int32_t f : free) req.mutable_graph()->add_free_layout_outputs(f);
+    auto p = graph::PrepareGraph(req, graph::GraphLimits(), graph::CompilerIdentity());
     ASSERT_TRUE(p.ok()) << p.status();
     prepared = *std::move(p);
     auto o = LowerGraph(prepared.graph, prepared.fallback_nodes);
@@ -146,6 +149,36 @@ TEST(ConvLayoutTest, AStemOverTheImageTransposesBeforeThePoolingKernel) {
   EXPECT_EQ(StridesOfNode(*ops, "relu"), std::vector<int64_t>({1024, 1, 128, 16}));
   EXPECT_EQ(StridesOfNode(*ops, "pooled"), std::vector<int64_t>({256, 1, 64, 16}));
   EXPECT_EQ(StridesOfNode(*ops, "relu_1"), std::vector<int64_t>({256, 16, 4, 1}));  // the output
+}
+
+TEST(ConvLayoutTest, SavedTensorsOfATrainingForwardMayChange) {
+  // A training forward returns the loss-side output (relu_1, position 0) and the tensors saved
+  // for the backward (positions 1-3). relu and conv2 are returned only at free positions: they
+  // become channels-last as if they were not returned. x_relu (conv1's result after relu, which
+  // is also returned at the fixed position 4) keeps the strides the graph states.
+  GraphBuilder b;
+  b.Input("x", Cu({2, 8, 8, 8})).Input("w1", Cu({16, 8, 3, 3})).Input("w2", Cu({16, 16, 3, 3}))
+      .Input("w3", Cu({16, 16, 3, 3}))
+      .Call("conv1", "aten.convolution.default", ConvArgs("x", "w1"), Cu({2, 16, 8, 8}))
+      .Call("relu", "aten.relu.default", {Ref("conv1")}, Cu({2, 16, 8, 8}))
+      .Call("conv2", "aten.convolution.default", ConvArgs("relu", "w2"), Cu({2, 16, 8, 8}))
+      .Call("x_relu", "aten.relu.default", {Ref("conv2")}, Cu({2, 16, 8, 8}))
+      .Call("conv3", "aten.convolution.default", ConvArgs("x_relu", "w3"), Cu({2, 16, 8, 8}))
+      .Call("relu_1", "aten.relu.default", {Ref("conv3")}, Cu({2, 16, 8, 8}))
+      .Output({"relu_1", "relu", "conv2", "x_relu", "x_relu"});
+  {
+    Lowered fixed;
+    ASSERT_NO_FATAL_FAILURE(fixed.Lower(b));
+    EXPECT_EQ(ChooseConvLayouts(&fixed.ops), 0);  // every value read by a convolution is returned
+  }
+  Lowered l;
+  ASSERT_NO_FATAL_FAILURE(l.Lower(b, {1, 2, 3}));
+  OpGraph* ops = &l.ops;
+  EXPECT_EQ(ChooseConvLayouts(ops), 2);  // relu, conv2 (its step result)
+  EXPECT_EQ(StridesOfNode(*ops, "relu"), std::vector<int64_t>({1024, 1, 128, 16}));
+  EXPECT_EQ(StridesOfNode(*ops, "conv2"), std::vector<int64_t>({1024, 1, 128, 16}));
+  EXPECT_EQ(StridesOfNode(*ops, "x_relu"), std::vector<int64_t>({1024, 64, 8, 1}));
+  EXPECT_EQ(StridesOfNode(*ops, "relu_1"), std::vector<int64_t>({1024, 64, 8, 1}));
 }
 
 TEST(ConvLayoutTest, PoolingStepsBetweenConvolutionsKeepChannelsLast) {

@@ -77,13 +77,15 @@ def test_cuda_artifact_without_a_driver_runs_eagerly_with_one_warning(no_compile
 
 def cuda_artifacts(server, model, x, training):
     """[(request, response)] for the graphs of `model` compiled by kilnd for sm_90."""
-    graphs = _capture(_meta_clone(model), _to_meta((x,)), {}, training)
     out = []
     with KilnClient(server.address) as c:
-        for _, graph in graphs:
+        def send(kind, graph):  # as kiln.precompile sends: a backward follows its forward's plan
             rewrite_devices(graph, proto.DEVICE_KIND_META, proto.Device(kind=proto.DEVICE_KIND_CUDA, index=0))
             request = proto.CompileRequest(graph=graph, target=parse_target("cuda:sm_90"))
             out.append((request, c.compile(request, timeout=300)))
+            return out[-1][1].artifact.plan if out[-1][1].HasField("artifact") else None
+
+        _capture(_meta_clone(model), _to_meta((x,)), {}, training, send)
     torch._dynamo.reset()
     return out
 
@@ -255,7 +257,9 @@ def test_prewarm_calls_of_kilnds_cuda_plans(monkeypatch):
     tests/gpu/test_cuda_backend.py runs them in the background of a kiln.compile load."""
     from kiln import prewarm
 
-    x = torch.randn(2, 4, 8, 8)
+    # Channels-last, as kilnd makes the relus that convolutions b and c read (in training too:
+    # they are saved for the backward, see kiln.layouts), so that a and b read alike.
+    x = torch.randn(2, 4, 8, 8).contiguous(memory_format=torch.channels_last)
     pairs = compiled_for_cuda(monkeypatch, (ConvNet(), x, False), (ConvNet(), x, True))
     deduped = 0
     for (request, response), forward in zip(pairs, (True, True, False)):

@@ -188,19 +188,18 @@ def aot_graphs_on_fake_cuda(model, x):
     return graphs
 
 
-def test_channels_last_convolution_inputs_are_refused_with_a_clear_error(cuda_server):
-    """Not supported yet (client README): torch's meta convolution returns an NCHW result for a
-    channels-last input where cuDNN returns channels-last, so kilnd refuses the captured graph and
-    says which node and which strides. NCHW inputs are fine (kilnd lays them out itself)."""
+def test_channels_last_convolution_inputs_precompile(cuda_server):
+    """torch's meta convolution returns an NCHW result for a channels-last input where cuDNN
+    returns channels-last; kiln re-propagates such graphs with cuDNN's format
+    (kiln.layouts.repropagate), so that they state what kilnd infers (it refused them before)."""
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU())
     x = torch.randn(2, 3, 8, 8)
-    records = kiln.precompile(model, (x,), target="cuda:sm_90", options={"server": cuda_server.address})
-    assert [r.error for r in records] == [""], records
     cl_model = model.to(memory_format=torch.channels_last)
-    with pytest.raises(kiln.KilnError, match=r"node 'convolution' \(aten.convolution.default\): inferred "
-                                             r"strides \[512, 1, 64, 8\] but the graph says \[512, 64, 8, 1\]"):
-        kiln.precompile(cl_model, (x.contiguous(memory_format=torch.channels_last),), target="cuda:sm_90",
-                        options={"server": cuda_server.address})
+    for training in (False, True):
+        records = kiln.precompile(cl_model, (x.contiguous(memory_format=torch.channels_last),),
+                                  target="cuda:sm_90", training=training, options={"server": cuda_server.address})
+        assert [r.error for r in records] == [""] * (2 if training else 1), records
+        assert all(r.kernels >= 1 for r in records)
 
 
 def test_cuda_graphs_hash_like_graphs_captured_on_cuda_tensors(server):
@@ -316,3 +315,60 @@ def test_tensor_attributes_move_and_foreign_tensors_get_a_clear_error(server):
     with pytest.raises(kiln.KilnError, match=r"real tensor beside the meta ones \(.*meta and cpu.*pass them as "
                                              r"inputs, register them as buffers"):
         kiln.precompile(WithLoss(), (x,), target="cpu", training=True, options=opts)
+
+
+class ResidualConvNet(torch.nn.Module):
+    """Two convolution-batch-norm-relu layers with a residual add, pooled to 10 logits."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1, self.b1 = torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.BatchNorm2d(16)
+        self.c2, self.b2 = torch.nn.Conv2d(16, 16, 3, padding=1), torch.nn.BatchNorm2d(16)
+        self.fc = torch.nn.Linear(16, 10)
+
+    def forward(self, x):
+        y = torch.relu(self.b1(self.c1(x)))
+        y = torch.relu(self.b2(self.c2(y))) + y
+        return self.fc(y.mean((2, 3)))
+
+
+def test_a_training_forward_lays_out_its_saved_activations_and_its_backward_follows(cuda_server, monkeypatch):
+    """kiln.layouts (option training_layouts): the forward lists its saved tensors as free_layout_outputs; kilnd makes the
+    activations convolution c2 reads and returns channels-last (c1 reads the NCHW input); the
+    backward is captured for the strides of the forward's plan."""
+    from kiln import layouts, precompiler
+
+    sent = []
+    send = precompiler._Sender.send
+
+    def spy(self, kind, graph):
+        record, plan = send(self, kind, graph)
+        sent.append((kind, proto.Graph.FromString(graph.SerializeToString()), plan))
+        return record, plan
+
+    monkeypatch.setattr(precompiler._Sender, "send", spy)
+    records = kiln.precompile(ResidualConvNet(), (torch.randn(4, 3, 16, 16),), target="cuda:sm_90",
+                              training=True, options={"server": cuda_server.address, "training_layouts": True})
+    assert [r.kind for r in records] == ["forward", "backward"] and all(r.ok for r in records)
+    (_, forward, plan), (_, backward, _) = sent
+    free = list(forward.free_layout_outputs)
+    output_strides = layouts.plan_output_strides(plan)
+    (output,) = [n for n in forward.nodes if n.op == proto.Node.OP_OUTPUT]
+    returned = [a.node for a in output.args[0].list.items]
+    inputs = {n.name for n in forward.nodes if n.op == proto.Node.OP_PLACEHOLDER}
+    # The saved tensors come after the updated buffers and the logits. Kept as given: the saved
+    # parameters (graph inputs) and batch statistics also returned as buffer updates.
+    assert free == [k for k in range(free[0], len(returned))
+                    if returned[k] not in inputs and returned[k] not in returned[:free[0]]]
+    assert len(free) >= 8 and len(output_strides) == len(returned)
+    channels_last = {returned[k] for k in free if output_strides[k] == (4096, 1, 256, 16)}
+    assert channels_last == {"relu", "convolution_1"}  # c2's input and result
+    placeholders = {n.name: n for n in backward.nodes if n.op == proto.Node.OP_PLACEHOLDER}
+    for k in free:  # AOTAutograd names the backward's inputs after the saved nodes
+        strides = tuple(s.constant for s in placeholders[returned[k]].meta.tensor.strides)
+        assert strides == output_strides[k], returned[k]
+    assert not backward.free_layout_outputs
+    sent.clear()  # option off (the default): nothing is free
+    kiln.precompile(ResidualConvNet(), (torch.randn(4, 3, 16, 16),), target="cuda:sm_90", training=True,
+                    options={"server": cuda_server.address})
+    assert [list(g.free_layout_outputs) for _, g, _ in sent] == [[], []]

@@ -48,6 +48,7 @@ import torch
 
 from kiln import aot_cache
 from kiln import debug as debug_mod
+from kiln import layouts
 from kiln import options as options_mod
 from kiln import proto
 from kiln import server as server_mod
@@ -298,6 +299,8 @@ class _Session:
             graph = CompiledGraph(self, gm, example_inputs, kind)
             graph.keep_graph_proto = self.aot_cached
             graph.prepare()
+            if kind == proto.GRAPH_KIND_FORWARD:  # the backward is compiled for these (kiln.layouts)
+                layouts.report_output_strides(gm, graph.output_strides)
             return aot_cache.output_code(graph) if self.aot_cached else graph.boxed()
 
         return compile_fn
@@ -307,13 +310,17 @@ class _Session:
         docstring): the request is the one CompiledGraph.prepare will build from
         bw_compiler(copy of bw_module, placeholder_list), AOTAutograd's placeholder_list being the
         placeholders' meta["val"] (re-strided only for strides a compiler reports through
-        TracingContext.output_strides, which kiln does not). Returns without sending in cache-only
-        mode, with the option off, under compiled autograd (which never calls the backward
-        compiler) and when AOTAutograd will inline saved-tensors hooks into the backward graph
-        after partitioning; raises on a graph it cannot serialize (make_aot logs and ignores it)."""
+        TracingContext.output_strides, which kiln does for forwards with a convolution, see
+        kiln.layouts). Returns without sending in cache-only mode, with the option off, under
+        compiled autograd (which never calls the backward compiler), when AOTAutograd will inline
+        saved-tensors hooks into the backward graph after partitioning, and, with option training_layouts, for
+        backwards of convolutions (their inputs' strides are the forward plan's, not known yet); raises on a
+        graph it cannot serialize (make_aot logs and ignores it)."""
         opts = self.opts
         if (not opts.prefetch_backward or opts.cache_only or _compiled_autograd_on()
-                or _saved_tensors_hooks_inlined()):
+                or _saved_tensors_hooks_inlined()
+                or (opts.training_layouts
+                    and any(n.target is torch.ops.aten.convolution_backward.default for n in bw_module.graph.nodes))):
             return
         from torch._subclasses.fake_tensor import unset_fake_temporarily
 
@@ -536,6 +543,7 @@ class CompiledGraph:
         self._symbolic = False  # symbolic shapes, sent as such (kilnd may have a plan for them)
         self.dynamic = False  # symbolic shapes: compiled per input metadata met (kiln.specialize)
         self._shapes_capped = False  # dynamic, and max_graphs_per_function shapes compiled
+        self.output_strides = None  # a forward's: its first plan's output strides (kiln.layouts)
         stats_mod.add("graphs")
 
     # -- compile time ---------------------------------------------------------------------------
@@ -711,6 +719,8 @@ class CompiledGraph:
             from kiln.cuda_graphs import CudaGraphRunner
 
             executor = CudaGraphRunner(executor, name=self.name)
+        if request.graph.free_layout_outputs and self.output_strides is None:
+            self.output_strides = layouts.plan_output_strides(artifact.plan)
         return _Spec(StaticGuard(request.graph), executor, response.key)
 
     def _rpc_failed(self, code, details, address, gm, request):

@@ -114,8 +114,8 @@ def precompile(model_or_fn, example_inputs, target="cuda:sm_90", training=False,
     training: False: the inference graph (the model run under torch.no_grad()); True: the forward
       and backward graphs of a training step.
     options: as for the backend (kiln.options): server (default the embedded kilnd), timeout,
-      deterministic and disable_fusion (they are part of the key, so use the values the training
-      job will use), cpu_isa, debug (sends keep_source).
+      deterministic, disable_fusion and training_layouts (they change the keys, so use the values
+      the training job will use), cpu_isa, debug (sends keep_source).
     strict: raise kiln.KilnError after all graphs were sent if any failed (its ``records``
       attribute holds the records); False: return the records, failures with ``error`` set.
     Returns [PrecompileRecord] in capture order.
@@ -137,15 +137,19 @@ def precompile(model_or_fn, example_inputs, target="cuda:sm_90", training=False,
     fn = _meta_clone(model_or_fn)
     args = _to_meta(tuple(example_inputs))
     kw = _to_meta(dict(kwargs or {}))
-    graphs = _capture(fn, args, kw, training)
-    if not graphs:
-        raise KilnError("kiln.precompile: Dynamo captured no graph (a function without tensor ops, "
-                        "or one that Dynamo skips)")
     sender = _Sender(opts, target_pb, timeout if timeout is not None else opts.timeout)
     records = []
-    for kind, graph in graphs:
+
+    def send(kind, graph):  # each graph as it is captured: a backward needs its forward's plan
         rewrite_devices(graph, proto.DEVICE_KIND_META, device)
-        records.append(sender.send(kind, graph))
+        record, plan = sender.send(kind, graph)
+        records.append(record)
+        return plan
+
+    _capture(fn, args, kw, training, send, opts.training_layouts)
+    if not records:
+        raise KilnError("kiln.precompile: Dynamo captured no graph (a function without tensor ops, "
+                        "or one that Dynamo skips)")
     failed = [r for r in records if r.error]
     if failed and strict:
         error = KilnError(f"kiln.precompile: {len(failed)} of {len(records)} graphs failed for target "
@@ -194,19 +198,26 @@ def _to_meta(tree):
     return tree_map(lambda x: _meta_tensor(x) if isinstance(x, torch.Tensor) else x, tree)
 
 
-def _capture(fn, args, kwargs, training):
-    """[(GRAPH_KIND_*, kiln.proto.Graph)] as the kiln backend would serialize them."""
+def _capture(fn, args, kwargs, training, send, training_layouts=False):
+    """Captures the graphs as the kiln backend would and calls send(GRAPH_KIND_*, kiln.proto.Graph)
+    with each, in capture order; send returns the graph's kiln.proto.Plan or None. A forward's plan
+    decides its saved tensors' strides, which its backward is captured for (kiln.layouts)."""
     from torch._functorch.aot_autograd import make_boxed_func
 
+    from kiln import layouts
     from kiln.backend import make_aot
-    from kiln.serialize import serialize_graph
+    from kiln.requests import serialize_aot_graph
 
-    graphs = []
+    count = [0]
 
     def compiler_for(kind):
         def compile_fn(gm, example_inputs):
-            name = f"precompile {_KIND_NAMES.get(kind, 'graph')} graph {len(graphs)}"
-            graphs.append((kind, serialize_graph(gm, example_inputs, kind=kind, debug_name=name)))
+            name = f"precompile {_KIND_NAMES.get(kind, 'graph')} graph {count[0]}"
+            count[0] += 1
+            graph = serialize_aot_graph(gm, example_inputs, kind, name, training_layouts)
+            plan = send(kind, graph)
+            if graph.free_layout_outputs and plan is not None:
+                layouts.report_output_strides(gm, layouts.plan_output_strides(plan))
             return make_boxed_func(gm)  # runs on meta tensors: metadata only
 
         return compile_fn
@@ -237,7 +248,6 @@ def _capture(fn, args, kwargs, training):
         else:
             with torch.no_grad():
                 compiled(*args, **kwargs)
-    return graphs
 
 
 @contextlib.contextmanager
@@ -318,11 +328,12 @@ class _Sender:
         return request_for_graph(self.opts, graph, self.target, self.timeout)
 
     def send(self, kind, graph):
+        """(PrecompileRecord, the artifact's kiln.proto.Plan or None)."""
         record = PrecompileRecord(kind=_KIND_NAMES.get(kind, "graph"), key="", source="",
                                   debug_name=graph.debug_name)
         if self.start_error:
             record.error = self.start_error
-            return record
+            return record, None
         request = self.request(graph)
         client = server_mod.CONNECTIONS.client(self.address)
         try:
@@ -336,7 +347,7 @@ class _Sender:
                     record.key = client.lookup(request, timeout=min(30.0, self.timeout)).key
                 except grpc.RpcError:
                     pass
-            return record
+            return record, None
         record.key = response.key
         record.source = _SOURCE_NAMES.get(response.source, str(response.source))
         record.diagnostics = [{"severity": _SEVERITY.get(d.severity, "unspecified"), "code": d.code,
@@ -348,9 +359,9 @@ class _Sender:
                     record.kernels += 1
                 elif kind_ == "aten" and step.aten.fallback:
                     record.op_fallbacks += 1
-        else:
-            record.error = f"kilnd answered {record.source or 'nothing'} without an artifact"
-        return record
+            return record, response.artifact.plan
+        record.error = f"kilnd answered {record.source or 'nothing'} without an artifact"
+        return record, None
 
 
 def _target_text(target):

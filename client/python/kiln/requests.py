@@ -17,12 +17,27 @@ _KIND_NAMES = {proto.GRAPH_KIND_FORWARD: "forward", proto.GRAPH_KIND_BACKWARD: "
 def _compile_request(opts, fn, kind, gm, example_inputs):
     """The CompileRequest for graph `gm` of kind `kind` (GRAPH_KIND_*) of the function `fn`
     (_FunctionInfo): every graph's, and the backward prefetch's, so that both are the same bytes."""
+    graph = serialize_aot_graph(gm, example_inputs, kind,
+                                f"{_KIND_NAMES.get(kind, 'graph')} of {fn.location or 'graph'} {fn.compile_id}".strip(),
+                                opts.training_layouts)
+    return request_for_graph(opts, graph, target_for(example_inputs, opts), opts.timeout)
+
+
+def serialize_aot_graph(gm, example_inputs, kind, debug_name, training_layouts=False):
+    """An AOTAutograd graph as kiln sends it (the backend and kiln.precompile): its metadata
+    follows the strides AOTAutograd gives its inputs (a backward's) and CUDA's convolutions on the
+    meta device (kiln.layouts.repropagate); with option training_layouts, a forward with a
+    convolution (the graphs whose layouts kilnd changes) lists its saved tensors as
+    free_layout_outputs (kiln.layouts)."""
+    from kiln import layouts
     from kiln.serialize import serialize_graph
 
-    graph = serialize_graph(gm, example_inputs, kind=kind,
-                            debug_name=f"{_KIND_NAMES.get(kind, 'graph')} of {fn.location or 'graph'}"
-                                       f" {fn.compile_id}".strip())
-    return request_for_graph(opts, graph, target_for(example_inputs, opts), opts.timeout)
+    layouts.repropagate(gm, example_inputs)
+    graph = serialize_graph(gm, example_inputs, kind=kind, debug_name=debug_name)
+    if training_layouts and kind == proto.GRAPH_KIND_FORWARD and any(n.target is torch.ops.aten.convolution.default
+                                                 for n in gm.graph.nodes):
+        graph.free_layout_outputs.extend(layouts.saved_tensor_positions(gm))
+    return graph
 
 
 def request_for_graph(opts, graph, target, timeout):
