@@ -91,7 +91,8 @@ TEST(NnTest, BackwardForms) {
                         {F32({2, 3, 4, 4}), F32({2, 3, 4, 4}), F32({3}), F32({3}), F32({3})},
                         {Ref("a0"), Ref("a1"), Ref("a2"), None(), None(), Ref("a3"), Ref("a4"), B(true), F(1e-5),
                          L({B(true), B(true), B(true)})}),
-            "(f32[2, 3, 4, 4] strides [48, 16, 4, 1] cuda, f32[3] strides [1] cuda, f32[3] strides [1] cuda)");
+            // grad_input's strides are not checked: torch's decomposition and CUDA kernel differ.
+            "(f32[2, 3, 4, 4] strides [] cuda, f32[3] strides [1] cuda, f32[3] strides [1] cuda)");
   EXPECT_EQ(InferString("aten._log_softmax_backward_data.default", {F32({4, 10}), F32({4, 10})},
                         {Ref("a0"), Ref("a1"), I(1), Dt(v1::DTYPE_FLOAT32)}),
             "f32[4, 10] strides [10, 1] cuda");

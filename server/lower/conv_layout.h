@@ -27,7 +27,10 @@
 //     views), every one of them whose value is used computes a channels-last value (at least one
 //     does), and it is not a graph output: it follows its readers
 //     (a ResNet stem's batch norm before the max_pool2d kernel, when the convolution read the
-//     NCHW image: the transposition then happens in that pointwise kernel, not in the windows).
+//     NCHW image: the transposition then happens in that pointwise kernel, not in the windows);
+//     readers that are only returned at free positions (below) do not count; or
+//   * a kernel computes it (kPointwise, any dtype), it is only returned, at free positions, and
+//     one of its inputs is channels-last (a training forward's saved max_pool2d indices).
 // A step's results may follow when none is a graph output or has a storage offset and their
 // readers allow it by the first rule's conditions (kernels, layout-following steps, no views), so
 // the plan always states the strides torch returns. Graph inputs, constants, outputs and views

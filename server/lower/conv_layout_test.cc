@@ -181,6 +181,32 @@ TEST(ConvLayoutTest, SavedTensorsOfATrainingForwardMayChange) {
   EXPECT_EQ(StridesOfNode(*ops, "relu_1"), std::vector<int64_t>({1024, 64, 8, 1}));
 }
 
+TEST(ConvLayoutTest, SavedPoolingIndicesFollowTheirChannelsLastInput) {
+  // A training forward's stem: relu (saved) is read only by the pooling kernel, whose result
+  // conv2 reads channels-last; the pooling indices are only saved. relu follows its readers (the
+  // saved indices aside), and the indices follow relu, so the pooling kernel's loads and stores
+  // all go along channels.
+  GraphBuilder b;
+  b.Input("x", Cu({2, 8, 8, 8})).Input("w1", Cu({16, 8, 3, 3})).Input("w2", Cu({16, 16, 3, 3}))
+      .Call("conv1", "aten.convolution.default", ConvArgs("x", "w1"), Cu({2, 16, 8, 8}))
+      .Call("relu", "aten.relu.default", {Ref("conv1")}, Cu({2, 16, 8, 8}))
+      .Call("pool", "aten.max_pool2d_with_indices.default", MaxPoolArgs("relu"),
+            Tuple({Cu({2, 16, 4, 4}), Cu({2, 16, 4, 4}, v1::DTYPE_INT64)}))
+      .Call("pooled", "operator.getitem", {Ref("pool"), I(0)}, Cu({2, 16, 4, 4}))
+      .Call("idx", "operator.getitem", {Ref("pool"), I(1)}, Cu({2, 16, 4, 4}, v1::DTYPE_INT64))
+      .Call("conv2", "aten.convolution.default", ConvArgs("pooled", "w2"), Cu({2, 16, 4, 4}))
+      .Call("relu_1", "aten.relu.default", {Ref("conv2")}, Cu({2, 16, 4, 4}))
+      .Output({"relu_1", "relu", "idx"});
+  Lowered l;
+  ASSERT_NO_FATAL_FAILURE(l.Lower(b, {1, 2}));
+  OpGraph* ops = &l.ops;
+  ChooseConvLayouts(ops);
+  EXPECT_EQ(StridesOfNode(*ops, "pooled"), std::vector<int64_t>({256, 1, 64, 16}));
+  EXPECT_EQ(StridesOfNode(*ops, "relu"), std::vector<int64_t>({1024, 1, 128, 16}));
+  EXPECT_EQ(StridesOfNode(*ops, "idx"), std::vector<int64_t>({256, 1, 64, 16}));
+  EXPECT_EQ(StridesOfNode(*ops, "relu_1"), std::vector<int64_t>({256, 16, 4, 1}));
+}
+
 TEST(ConvLayoutTest, PoolingStepsBetweenConvolutionsKeepChannelsLast) {
   // conv -> relu -> avg_pool2d (a torch step) -> conv -> relu (output). The relu read by the
   // pooling becomes channels-last, and so does the pooling's result.

@@ -122,6 +122,13 @@ struct RowBuilder {
 };
 
 
+// The graph dtype of an accumulator type (f32, f64, i32, i64), or nullopt.
+std::optional<graph::DType> ToDType(k::ScalarType t);
+// A new contiguous row-op value (kRowOutput) of `dtype` and `sizes` on the device of the node's
+// result (its first item's), named `op`; the caller adds it to b.outs with its RowOutput.
+absl::StatusOr<LValue> NewRowValue(Lowerer& l, const RowBuilder& b, graph::DType dtype,
+                                   const std::vector<int64_t>& sizes, const std::string& op);
+
 // A sum/mean/prod/amax/amin with fewer outputs than a GPU has SMs' worth of rows (< 32) over at
 // least 65536 elements each (loss.sum() of a big tensor): records a first row op of partials
 // (one per output and p-th of the outermost reduced dim that has a divisor p near 2048 / outputs,

@@ -1,7 +1,10 @@
 // Normalization ops -> RowOps: native_layer_norm_backward, batch norm (training, functional
 // running-stat updates, inference) and its backward (see lower.h and op_graph.h).
 
+#include <functional>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -122,6 +125,48 @@ absl::Status LowerLayerNormBackward(Lowerer& l, int32_t node_index) {
   return absl::OkStatus();
 }
 
+namespace {
+
+// A training batch norm's per-channel statistics over [N, C, spatial...] (N >= 2, at least 2
+// spatial elements) take two row ops: per (n, c) over the spatial dims, then per channel over the
+// N partials; the per-element result is a pointwise op. One row op per channel gives a GPU only C
+// rows (64 at a ResNet's stem) of N * H * W elements, and a channels-last input (option
+// training_layouts on CUDA, conv_layout.h) turns it into a column reduction over C points. CPUs
+// take the same ops (their rows spread over the cores as well).
+bool SplitsPerSample(const std::vector<int64_t>& sizes) {
+  if (sizes.size() < 3 || sizes[0] < 2) return false;
+  int64_t spatial = 1;
+  for (size_t d = 2; d < sizes.size(); ++d) spatial *= sizes[d];
+  return spatial >= 2;
+}
+
+// The partial row op of a split batch norm: over `sizes` ([N, C, spatial...]), per (n, c), the
+// accumulators `accs`; `fields` (accumulator, field) become [N, C] values of `dtype`.
+absl::StatusOr<std::vector<int32_t>> PerSamplePartials(Lowerer& l, int32_t node_index, const Node& n,
+                                                       const std::vector<int64_t>& sizes, std::vector<int32_t> inputs,
+                                                       std::vector<RowAcc> accs,
+                                                       const std::vector<std::pair<int, AccField>>& fields,
+                                                       graph::DType dtype, const std::string& name) {
+  RowBuilder pb{l, node_index, n, RowOp{}, {}};
+  pb.row.name = name;
+  pb.row.domain = sizes;
+  for (int d = 2; d < static_cast<int>(sizes.size()); ++d) pb.row.reduce_dims.push_back(d);
+  pb.row.inputs = std::move(inputs);
+  pb.row.accs = std::move(accs);
+  for (const auto& [acc, field] : fields) {
+    KILN_ASSIGN_OR_RETURN(LValue v, NewRowValue(l, pb, dtype, {sizes[0], sizes[1]}, name));
+    pb.outs.push_back(std::move(v));
+    RowOutput o;
+    o.fn = [acc = acc, field = field](LoadContext&, const AccReader& a, const std::vector<Affine>&) { return a(acc, field); };
+    pb.row.outputs.push_back(std::move(o));
+  }
+  std::vector<int32_t> ids;
+  KILN_RETURN_IF_ERROR(pb.Finish(&ids));
+  return ids;
+}
+
+}  // namespace
+
 // Batch norm over the channel dim 1 of [N, C, ...]: the statistics reduce every other dim.
 //   _native_batch_norm_legit_functional(x, w?, b?, running_mean, running_var, training, momentum,
 //     eps) -> (out, save_mean, save_invstd, new_running_mean, new_running_var): one kernel per
@@ -235,6 +280,71 @@ absl::Status LowerBatchNorm(Lowerer& l, int32_t node_index) {
       l.SetItems(node_index, items);
       return absl::OkStatus();
     }
+    std::vector<ScalarType> types;
+    for (int i = 1; i < 5; ++i) {
+      KILN_ASSIGN_OR_RETURN(ScalarType t, out_type(i));
+      types.push_back(t);
+    }
+    const double unbias = count > 1 ? static_cast<double>(count) / static_cast<double>(count - 1) : 1.0;
+    // The per-channel results from the batch's mean and (biased) variance (AccReader -> expression).
+    using Stat = std::function<ExprOr(const AccReader&)>;
+    auto outputs = [=](RowBuilder& rb, const Stat& mean, const Stat& var) -> absl::Status {
+      auto invstd = [=](const AccReader& a) { return k::Unary(k::UnaryOp::kRsqrt, k::Add(var(a), LiteralF(ct, eps))); };
+      KILN_RETURN_IF_ERROR(rb.Output(1, false, [=](LoadContext&, const AccReader& a, const std::vector<Affine>&) {
+        return k::Cast(types[0], mean(a));
+      }));
+      KILN_RETURN_IF_ERROR(rb.Output(2, false, [=](LoadContext&, const AccReader& a, const std::vector<Affine>&) {
+        return k::Cast(types[1], invstd(a));
+      }));
+      KILN_RETURN_IF_ERROR(rb.Output(3, false, [=](LoadContext& ctx, const AccReader& a, const std::vector<Affine>& idx) {
+        return k::Cast(types[2], k::Add(k::Mul(LiteralF(ct, 1 - momentum), LoadAs(rm, ct)(ctx, chan(idx))),
+                                        k::Mul(LiteralF(ct, momentum), mean(a))));
+      }));
+      return rb.Output(4, false, [=](LoadContext& ctx, const AccReader& a, const std::vector<Affine>& idx) {
+        return k::Cast(types[3], k::Add(k::Mul(LiteralF(ct, 1 - momentum), LoadAs(rv, ct)(ctx, chan(idx))),
+                                        k::Mul(LiteralF(ct, momentum * unbias), var(a))));
+      });
+    };
+    const std::optional<graph::DType> acc_dtype = ToDType(ct);
+    if (SplitsPerSample(in_sizes) && acc_dtype) {
+      // 1. Per (n, c): Welford over the spatial dims (each over the same count).
+      KILN_ASSIGN_OR_RETURN(std::vector<int32_t> parts,
+                            PerSamplePartials(l, node_index, n, in_sizes, {x}, {{AccKind::kWelford, ct, LoadAs(x, ct)}},
+                                              {{0, AccField::kMean}, {0, AccField::kM2}}, *acc_dtype,
+                                              "batch_norm_partial"));
+      // 2. Per channel, over n: the mean of the partial means (Welford over them), and
+      //    M2 = sum of the partial M2s + spatial * sum of (partial mean - mean)^2.
+      const double spatial = static_cast<double>(count / in_sizes[0]);
+      RowBuilder cb{l, node_index, n, RowOp{}, {}};
+      cb.row.name = "batch_norm_stats";
+      cb.row.domain = {in_sizes[0], channels};
+      cb.row.reduce_dims = {0};
+      cb.row.inputs = {parts[0], parts[1], rm, rv};
+      cb.row.accs.push_back({AccKind::kWelford, ct, LoadAs(parts[0], ct)});
+      cb.row.accs.push_back({AccKind::kSum, ct, LoadAs(parts[1], ct)});
+      KILN_RETURN_IF_ERROR(outputs(cb, [](const AccReader& a) { return a(0, AccField::kMean); }, [=](const AccReader& a) {
+        return k::Div(k::Add(a(1, AccField::kValue), k::Mul(LiteralF(ct, spatial), a(0, AccField::kM2))),
+                      LiteralF(ct, static_cast<double>(count)));
+      }));
+      std::vector<int32_t> stats;  // save_mean, save_invstd, new running mean and var
+      KILN_RETURN_IF_ERROR(cb.Finish(&stats));
+      // 3. The normalized result, pointwise.
+      KILN_ASSIGN_OR_RETURN(LValue v, l.NewValue(node_index, n.type.items[0].tensor, ValueKind::kPointwise));
+      if (v.sizes != in_sizes) return absl::UnimplementedError("batch norm output shape");
+      v.op = "batch_norm";
+      v.inputs = {x, stats[0], stats[1]};
+      if (w >= 0) v.inputs.push_back(w);
+      if (b >= 0) v.inputs.push_back(b);
+      const int32_t mean = stats[0], invstd = stats[1];
+      v.elem = [=](LoadContext& ctx, const std::vector<Affine>& idx) -> ExprOr {
+        return affine(ctx, idx, k::Mul(k::Sub(LoadAs(x, ct)(ctx, idx), LoadAs(mean, ct)(ctx, chan(idx))),
+                                       LoadAs(invstd, ct)(ctx, chan(idx))));
+      };
+      std::vector<int32_t> items = {l.Add(std::move(v))};
+      items.insert(items.end(), stats.begin(), stats.end());
+      l.SetItems(node_index, items);
+      return absl::OkStatus();
+    }
     RowBuilder rb{l, node_index, n, RowOp{}, {}};
     rb.row.name = "batch_norm";
     rb.row.domain = in_sizes;
@@ -249,26 +359,7 @@ absl::Status LowerBatchNorm(Lowerer& l, int32_t node_index) {
     KILN_RETURN_IF_ERROR(rb.Output(0, true, [=](LoadContext& ctx, const AccReader& a, const std::vector<Affine>& idx) {
       return affine(ctx, idx, k::Mul(k::Sub(LoadAs(x, ct)(ctx, idx), a(0, AccField::kMean)), invstd(a)));
     }));
-    std::vector<ScalarType> types;
-    for (int i = 1; i < 5; ++i) {
-      KILN_ASSIGN_OR_RETURN(ScalarType t, out_type(i));
-      types.push_back(t);
-    }
-    const double unbias = count > 1 ? static_cast<double>(count) / static_cast<double>(count - 1) : 1.0;
-    KILN_RETURN_IF_ERROR(rb.Output(1, false, [=](LoadContext&, const AccReader& a, const std::vector<Affine>&) {
-      return k::Cast(types[0], a(0, AccField::kMean));
-    }));
-    KILN_RETURN_IF_ERROR(rb.Output(2, false, [=](LoadContext&, const AccReader& a, const std::vector<Affine>&) {
-      return k::Cast(types[1], invstd(a));
-    }));
-    KILN_RETURN_IF_ERROR(rb.Output(3, false, [=](LoadContext& ctx, const AccReader& a, const std::vector<Affine>& idx) {
-      return k::Cast(types[2], k::Add(k::Mul(LiteralF(ct, 1 - momentum), LoadAs(rm, ct)(ctx, chan(idx))),
-                                      k::Mul(LiteralF(ct, momentum), a(0, AccField::kMean))));
-    }));
-    KILN_RETURN_IF_ERROR(rb.Output(4, false, [=](LoadContext& ctx, const AccReader& a, const std::vector<Affine>& idx) {
-      return k::Cast(types[3], k::Add(k::Mul(LiteralF(ct, 1 - momentum), LoadAs(rv, ct)(ctx, chan(idx))),
-                                      k::Mul(LiteralF(ct, momentum * unbias), var(a))));
-    }));
+    KILN_RETURN_IF_ERROR(outputs(rb, [](const AccReader& a) { return a(0, AccField::kMean); }, var));
     return rb.Finish();
   }
   // Backward.
@@ -295,6 +386,74 @@ absl::Status LowerBatchNorm(Lowerer& l, int32_t node_index) {
   const ElemFn xhat = [=](LoadContext& ctx, const std::vector<Affine>& idx) -> ExprOr {
     return k::Mul(k::Sub(LoadAs(x, ct)(ctx, idx), LoadAs(mean, ct)(ctx, chan(idx))), invstd(ctx, idx));
   };
+  // The requested items' types (checked before anything is added).
+  std::vector<std::optional<ScalarType>> wanted(3);
+  for (int i = 0; i < 3; ++i) {
+    if (!n.args[9].list[i].b || n.type.items[i].kind != Type::Kind::kTensor) continue;
+    KILN_ASSIGN_OR_RETURN(wanted[i], out_type(i));
+  }
+  if (!wanted[0] && !wanted[1] && !wanted[2]) return absl::UnimplementedError("batch norm backward computes nothing");
+  const std::optional<graph::DType> acc_dtype = ToDType(ct);
+  if (train && SplitsPerSample(in_sizes) && acc_dtype) {
+    // 1. Per (n, c): the sums of go and go * xhat over the spatial dims.
+    const ElemFn dot = [=](LoadContext& ctx, const std::vector<Affine>& idx) {
+      return k::Mul(LoadAs(go, ct)(ctx, idx), xhat(ctx, idx));
+    };
+    KILN_ASSIGN_OR_RETURN(std::vector<int32_t> parts,
+                          PerSamplePartials(l, node_index, n, in_sizes, {go, x, mean, stat},
+                                            {{AccKind::kSum, ct, LoadAs(go, ct)}, {AccKind::kSum, ct, dot}},
+                                            {{0, AccField::kValue}, {1, AccField::kValue}}, *acc_dtype,
+                                            "batch_norm_backward_partial"));
+    // 2. Per channel, over n: sum(go) (grad_bias) and sum(go * xhat) (grad_weight).
+    RowBuilder cb{l, node_index, n, RowOp{}, {}};
+    cb.row.name = "batch_norm_backward_sums";
+    cb.row.domain = {in_sizes[0], channels};
+    cb.row.reduce_dims = {0};
+    cb.row.inputs = parts;
+    cb.row.accs.push_back({AccKind::kSum, ct, LoadAs(parts[0], ct)});
+    cb.row.accs.push_back({AccKind::kSum, ct, LoadAs(parts[1], ct)});
+    for (int acc : {0, 1}) {  // the sums themselves, for grad_input
+      KILN_ASSIGN_OR_RETURN(LValue v, NewRowValue(l, cb, *acc_dtype, {channels}, cb.row.name));
+      cb.outs.push_back(std::move(v));
+      RowOutput o;
+      o.fn = [acc](LoadContext&, const AccReader& a, const std::vector<Affine>&) { return a(acc, AccField::kValue); };
+      cb.row.outputs.push_back(std::move(o));
+    }
+    std::vector<int> which;
+    for (int i : {1, 2}) {
+      if (!wanted[i]) continue;
+      const ScalarType out = *wanted[i];
+      const int acc = i == 1 ? 1 : 0;  // grad_weight = sum(go * xhat), grad_bias = sum(go)
+      which.push_back(i);
+      KILN_RETURN_IF_ERROR(cb.Output(i, false, [=](LoadContext&, const AccReader& a, const std::vector<Affine>&) {
+        return k::Cast(out, a(acc, AccField::kValue));
+      }));
+    }
+    std::vector<int32_t> ids;  // sum(go), sum(go * xhat), then the requested items
+    KILN_RETURN_IF_ERROR(cb.Finish(&ids));
+    std::vector<int32_t> items(3, -1);
+    for (size_t j = 0; j < which.size(); ++j) items[which[j]] = ids[2 + j];
+    // 3. grad_input, pointwise.
+    if (wanted[0]) {
+      const ScalarType out = *wanted[0];
+      KILN_ASSIGN_OR_RETURN(LValue v, l.NewValue(node_index, n.type.items[0].tensor, ValueKind::kPointwise));
+      v.op = "batch_norm_backward";
+      v.inputs = {go, x, mean, stat, ids[0], ids[1]};
+      if (w >= 0) v.inputs.push_back(w);
+      const int32_t sum_go = ids[0], sum_dot = ids[1];
+      v.elem = [=](LoadContext& ctx, const std::vector<Affine>& idx) -> ExprOr {
+        ExprOr scale = invstd(ctx, idx);
+        if (w >= 0) scale = k::Mul(scale, LoadAs(w, ct)(ctx, chan(idx)));
+        const ExprOr nn = LiteralF(ct, static_cast<double>(count));
+        const ExprOr g = k::Sub(k::Sub(LoadAs(go, ct)(ctx, idx), k::Div(LoadAs(sum_go, ct)(ctx, chan(idx)), nn)),
+                                k::Mul(xhat(ctx, idx), k::Div(LoadAs(sum_dot, ct)(ctx, chan(idx)), nn)));
+        return k::Cast(out, k::Mul(scale, g));
+      };
+      items[0] = l.Add(std::move(v));
+    }
+    l.SetItems(node_index, items);
+    return absl::OkStatus();
+  }
   RowBuilder rb{l, node_index, n, RowOp{}, {}};
   rb.row.name = "batch_norm_backward";
   rb.row.domain = in_sizes;

@@ -27,6 +27,16 @@ constexpr int64_t kSoftmaxPartialRows = 8192;  // softmax: partial rows over all
 // 131072 39 vs 43; but 16 x 262144 16 vs 12 (one wave of clusters: loads, then reductions).
 constexpr int64_t kMinClusterSoftmaxRows = 32;
 
+// The largest divisor of n that is <= limit (>= 1).
+int64_t LargestDivisorAtMost(int64_t n, int64_t limit) {
+  for (int64_t p = std::min(n, limit); p > 1; --p) {
+    if (n % p == 0) return p;
+  }
+  return 1;
+}
+
+}  // namespace
+
 std::optional<graph::DType> ToDType(k::ScalarType t) {
   switch (t) {
     case k::ScalarType::kFloat32: return v1::DTYPE_FLOAT32;
@@ -37,15 +47,6 @@ std::optional<graph::DType> ToDType(k::ScalarType t) {
   }
 }
 
-// The largest divisor of n that is <= limit (>= 1).
-int64_t LargestDivisorAtMost(int64_t n, int64_t limit) {
-  for (int64_t p = std::min(n, limit); p > 1; --p) {
-    if (n % p == 0) return p;
-  }
-  return 1;
-}
-
-// A new contiguous row-op value of `dtype` and `sizes` on the node's result's device.
 absl::StatusOr<LValue> NewRowValue(Lowerer& l, const RowBuilder& b, graph::DType dtype,
                                    const std::vector<int64_t>& sizes, const std::string& op) {
   graph::TensorType t;
@@ -67,7 +68,6 @@ absl::StatusOr<LValue> NewRowValue(Lowerer& l, const RowBuilder& b, graph::DType
   return v;
 }
 
-}  // namespace
 
 absl::StatusOr<bool> SplitFewRowSoftmax(Lowerer& l, RowBuilder& b, int32_t x, k::ScalarType ct, k::ScalarType out,
                                         bool log) {

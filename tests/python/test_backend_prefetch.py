@@ -123,6 +123,36 @@ def test_a_backward_right_after_the_forward_joins_the_compile_or_hits(server):
     assert s["plan_calls"] == 6
 
 
+class ConvNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv, self.bn = nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8)
+
+    def forward(self, x):
+        return self.bn(self.conv(x)).relu().mean((2, 3))
+
+
+def test_with_training_layouts_a_convolutions_backward_is_sent_once_the_forward_is_compiled(server):
+    """Option training_layouts: the backward's inputs take the strides of the forward's plan
+    (kiln.layouts), so the prefetch waits for that plan, then sends the request the backward
+    compiler will send (the same key: it hits). On CPU kilnd keeps NCHW, but the path is the same."""
+    torch.manual_seed(0)
+    eager = ConvNet()
+    model = copy.deepcopy(eager)
+    compiled = torch.compile(model, backend="kiln",
+                             options={"server": server.address, "aot_cache": False, "training_layouts": True})
+    x = torch.randn(2, 3, 8, 8)
+    out = compiled(x)
+    wait_for(lambda: server_requests(server.address).get("compiled", 0) == 2,
+             "kilnd to compile the forward and the backward sent after it")
+    out.sum().backward()
+    assert_grads_match(eager, model, x, out)
+    requests = server_requests(server.address)
+    assert requests.get("compiled") == 2 and hits(requests) == 1 and sum(requests.values()) == 3, requests
+    s = kiln.stats()
+    assert s["backward_prefetches"] == 1 and s["compiles"] == 1 and s["hits"] == 1 and s["graph_fallbacks"] == 0
+
+
 @pytest.mark.parametrize("how", ["option", "environment"])
 def test_off_the_backward_is_compiled_at_the_first_backward(server, monkeypatch, how):
     # aot_cache off: that option has AOTAutograd lower the backward with the forward (torch's

@@ -333,9 +333,9 @@ class ResidualConvNet(torch.nn.Module):
 
 
 def test_a_training_forward_lays_out_its_saved_activations_and_its_backward_follows(cuda_server, monkeypatch):
-    """kiln.layouts (option training_layouts): the forward lists its saved tensors as free_layout_outputs; kilnd makes the
-    activations convolution c2 reads and returns channels-last (c1 reads the NCHW input); the
-    backward is captured for the strides of the forward's plan."""
+    """kiln.layouts (option training_layouts, on by default): the forward lists its saved tensors as free_layout_outputs; kilnd makes the
+    activations convolution c2 reads and returns channels-last, and what follows them (c1 reads
+    the NCHW input); the backward is captured for the strides of the forward's plan."""
     from kiln import layouts, precompiler
 
     sent = []
@@ -362,13 +362,14 @@ def test_a_training_forward_lays_out_its_saved_activations_and_its_backward_foll
                     if returned[k] not in inputs and returned[k] not in returned[:free[0]]]
     assert len(free) >= 8 and len(output_strides) == len(returned)
     channels_last = {returned[k] for k in free if output_strides[k] == (4096, 1, 256, 16)}
-    assert channels_last == {"relu", "convolution_1"}  # c2's input and result
+    # c2's input and result, and the second relu, which follows its channels-last input.
+    assert channels_last == {"relu", "convolution_1", "relu_1"}
     placeholders = {n.name: n for n in backward.nodes if n.op == proto.Node.OP_PLACEHOLDER}
     for k in free:  # AOTAutograd names the backward's inputs after the saved nodes
         strides = tuple(s.constant for s in placeholders[returned[k]].meta.tensor.strides)
         assert strides == output_strides[k], returned[k]
     assert not backward.free_layout_outputs
-    sent.clear()  # option off (the default): nothing is free
+    sent.clear()  # option off: nothing is free
     kiln.precompile(ResidualConvNet(), (torch.randn(4, 3, 16, 16),), target="cuda:sm_90", training=True,
-                    options={"server": cuda_server.address})
+                    options={"server": cuda_server.address, "training_layouts": False})
     assert [list(g.free_layout_outputs) for _, g, _ in sent] == [[], []]

@@ -293,6 +293,7 @@ class _Session:
         self.aot_cached = opts.aot_cache and aot_cache.available()
         self.on_graph_loaded = None  # kiln.aot_cache calls it with each graph it loaded
         self.symbolic_backward = None  # a symbolic backward graph, for its per-shape prefetches
+        self.deferred_backward = None  # a backward sent once its forward's plan is known (kiln.layouts)
 
     def compiler(self, kind):
         def compile_fn(gm, example_inputs):
@@ -301,6 +302,7 @@ class _Session:
             graph.prepare()
             if kind == proto.GRAPH_KIND_FORWARD:  # the backward is compiled for these (kiln.layouts)
                 layouts.report_output_strides(gm, graph.output_strides)
+                self._send_deferred_backward(gm, graph.output_strides)
             return aot_cache.output_code(graph) if self.aot_cached else graph.boxed()
 
         return compile_fn
@@ -313,14 +315,18 @@ class _Session:
         TracingContext.output_strides, which kiln does for forwards with a convolution, see
         kiln.layouts). Returns without sending in cache-only mode, with the option off, under
         compiled autograd (which never calls the backward compiler), when AOTAutograd will inline
-        saved-tensors hooks into the backward graph after partitioning, and, with option training_layouts, for
-        backwards of convolutions (their inputs' strides are the forward plan's, not known yet); raises on a
+        saved-tensors hooks into the backward graph after partitioning; with option training_layouts, a
+        backward of convolutions is kept and sent once the forward's plan gives its inputs'
+        strides (_send_deferred_backward); raises on a
         graph it cannot serialize (make_aot logs and ignores it)."""
         opts = self.opts
         if (not opts.prefetch_backward or opts.cache_only or _compiled_autograd_on()
-                or _saved_tensors_hooks_inlined()
-                or (opts.training_layouts
-                    and any(n.target is torch.ops.aten.convolution_backward.default for n in bw_module.graph.nodes))):
+                or _saved_tensors_hooks_inlined()):
+            return
+        if opts.training_layouts and any(n.target is torch.ops.aten.convolution_backward.default
+                                         for n in bw_module.graph.nodes):
+            # Its inputs take the strides of the forward's plan: sent once that is known.
+            self.deferred_backward = specialize_mod.graph_copy(bw_module)
             return
         from torch._subclasses.fake_tensor import unset_fake_temporarily
 
@@ -332,6 +338,33 @@ class _Session:
             request = _compile_request(opts, self.fn, proto.GRAPH_KIND_BACKWARD, bw_module, example_inputs)
         threading.Thread(target=_send_ahead, args=(opts, request, self.fn.name), daemon=True,
                          name="kiln-prefetch-backward").start()
+        stats_mod.add("backward_prefetches")
+
+    def _send_deferred_backward(self, fw_gm, strides):
+        """The backward prefetch_backward deferred, sent in a background thread for the inputs
+        AOTAutograd will give it after forward `fw_gm`'s plan reported `strides`
+        (kiln.layouts.backward_inputs); nothing when the forward runs eagerly (no strides: the
+        backward keeps the traced ones and is compiled when it is first needed)."""
+        bw_module, self.deferred_backward = self.deferred_backward, None
+        if bw_module is None or strides is None:
+            return
+        inputs = layouts.backward_inputs(bw_module, fw_gm, strides)
+        if inputs is None:
+            return
+        opts, fn = self.opts, self.fn
+
+        def send():
+            try:
+                from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+                with unset_fake_temporarily():
+                    request = _compile_request(opts, fn, proto.GRAPH_KIND_BACKWARD, bw_module, inputs)
+            except Exception as e:
+                log.debug("kiln: backward of %s not sent ahead (%s: %s)", fn.name, type(e).__name__, _short(e))
+                return
+            _send_ahead(opts, request, fn.name)
+
+        threading.Thread(target=send, daemon=True, name="kiln-prefetch-backward").start()
         stats_mod.add("backward_prefetches")
 
     def prefetch_backward_shape(self, fw_module, args):

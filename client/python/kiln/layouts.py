@@ -9,7 +9,9 @@ channels-last on CUDA (server/lower/conv_layout.h), as Inductor's layout optimiz
   * plan_output_strides(plan) and report_output_strides(strides): the strides of the forward's
     plan, handed to AOTAutograd;
   * repropagate(gm, example_inputs): the backward graph's metadata recomputed for the strides
-    AOTAutograd gave its inputs (FakeTensorProp), so that the graph kiln sends states them.
+    AOTAutograd gave its inputs (FakeTensorProp), so that the graph kiln sends states them;
+  * backward_inputs(bw_module, fw_gm, strides): those inputs ahead of the backward compile, for
+    sending the backward to kilnd as soon as the forward's plan is known.
 A forward that runs eagerly reports nothing, and its backward keeps the traced strides. Inputs
 whose strides differ from what a backward plan was compiled for fail its guards, and kiln compiles
 a plan for them (kiln.backend), so a forward plan that falls back to eager stays correct.
@@ -75,6 +77,33 @@ def report_output_strides(gm, strides):
     if outputs is None or len(outputs) != len(strides):
         return
     tc.output_strides.extend(strides)
+
+
+def backward_inputs(bw_module, fw_gm, strides):
+    """The example inputs AOTAutograd will give the backward compiler of `bw_module` once forward
+    `fw_gm`'s plan reported `strides` (its placeholders' meta["val"], the saved tensors'
+    re-strided as AOTAutograd does), for sending the backward ahead; None when the metadata does
+    not match."""
+    from torch._guards import TracingContext
+
+    tc = TracingContext.try_get()
+    meta = getattr(tc, "fw_metadata", None) if tc is not None else None
+    outputs = _output_args(fw_gm)
+    if meta is None or outputs is None or strides is None or len(strides) != len(outputs):
+        return None
+    try:
+        start, stop, _ = meta.tensors_saved_for_backwards_slice.indices(len(outputs))
+        num_symints = meta.num_symints_saved_for_bw or 0
+    except Exception:
+        return None
+    vals = [n.meta.get("val") for n in bw_module.graph.nodes if n.op == "placeholder"]
+    if num_symints + stop - start > len(vals):
+        return None
+    for j, real in enumerate(strides[start:stop]):
+        val = vals[num_symints + j]
+        if real is not None and isinstance(val, torch.Tensor) and not _symbolic(val) and val.stride() != real:
+            vals[num_symints + j] = val.as_strided(val.shape, real)
+    return vals
 
 
 def repropagate(gm, example_inputs):

@@ -22,7 +22,7 @@
 | aot_cache                 | KILN_AOT_CACHE                 | True (AOTAutograd's cache keeps kiln's graphs, so a new process skips AOTAutograd: kiln.aot_cache; does nothing on a torch without the pieces) |
 | prewarm                   | KILN_PREWARM                   | True (kiln.compile: a loaded CUDA plan's convolutions run once on scratch tensors in a background thread while the package's guards build, kiln.prewarm) |
 | poison_buffers            | KILN_POISON_BUFFERS            | False (debugging: every output and workspace a plan allocates is filled with NaN, integers with their largest value, before its steps run) |
-| training_layouts          | KILN_TRAINING_LAYOUTS          | False (experimental: a training forward with a convolution lets kilnd lay out its saved activations, channels-last on CUDA, and the backward follows, kiln.layouts; off: batch-norm statistics over channels-last activations are slow column reductions today) |
+| training_layouts          | KILN_TRAINING_LAYOUTS          | True (a training forward with a convolution lets kilnd lay out its saved activations, channels-last on CUDA, and its backward is compiled for those strides, kiln.layouts) |
 
 Booleans accept 1/0, true/false, yes/no, on/off. Unknown option names are an error (a typo must not
 silently change nothing). This module does not import torch.
@@ -100,7 +100,7 @@ class Options:
     aot_cache: bool = True
     prewarm: bool = True
     poison_buffers: bool = False
-    training_layouts: bool = False
+    training_layouts: bool = True
 
     @property
     def embedded(self):

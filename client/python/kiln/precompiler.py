@@ -198,7 +198,7 @@ def _to_meta(tree):
     return tree_map(lambda x: _meta_tensor(x) if isinstance(x, torch.Tensor) else x, tree)
 
 
-def _capture(fn, args, kwargs, training, send, training_layouts=False):
+def _capture(fn, args, kwargs, training, send, training_layouts=True):
     """Captures the graphs as the kiln backend would and calls send(GRAPH_KIND_*, kiln.proto.Graph)
     with each, in capture order; send returns the graph's kiln.proto.Plan or None. A forward's plan
     decides its saved tensors' strides, which its backward is captured for (kiln.layouts)."""

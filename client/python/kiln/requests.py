@@ -23,7 +23,7 @@ def _compile_request(opts, fn, kind, gm, example_inputs):
     return request_for_graph(opts, graph, target_for(example_inputs, opts), opts.timeout)
 
 
-def serialize_aot_graph(gm, example_inputs, kind, debug_name, training_layouts=False):
+def serialize_aot_graph(gm, example_inputs, kind, debug_name, training_layouts=True):
     """An AOTAutograd graph as kiln sends it (the backend and kiln.precompile): its metadata
     follows the strides AOTAutograd gives its inputs (a backward's) and CUDA's convolutions on the
     meta device (kiln.layouts.repropagate); with option training_layouts, a forward with a
