@@ -341,30 +341,28 @@ class _Session:
         stats_mod.add("backward_prefetches")
 
     def _send_deferred_backward(self, fw_gm, strides):
-        """The backward prefetch_backward deferred, sent in a background thread for the inputs
-        AOTAutograd will give it after forward `fw_gm`'s plan reported `strides`
-        (kiln.layouts.backward_inputs); nothing when the forward runs eagerly (no strides: the
-        backward keeps the traced ones and is compiled when it is first needed)."""
+        """The backward prefetch_backward deferred, for the inputs AOTAutograd will give it after
+        forward `fw_gm`'s plan reported `strides` (kiln.layouts.backward_inputs): built here
+        (fake tensors and their mode are not for other threads: a background FakeTensorProp broke
+        AOTAutograd's own, on the H200), sent in a background thread. Nothing when the forward runs
+        eagerly (no strides: the backward keeps the traced ones and is compiled when first needed);
+        what fails is logged at debug level."""
         bw_module, self.deferred_backward = self.deferred_backward, None
         if bw_module is None or strides is None:
             return
-        inputs = layouts.backward_inputs(bw_module, fw_gm, strides)
-        if inputs is None:
-            return
-        opts, fn = self.opts, self.fn
-
-        def send():
-            try:
-                from torch._subclasses.fake_tensor import unset_fake_temporarily
-
-                with unset_fake_temporarily():
-                    request = _compile_request(opts, fn, proto.GRAPH_KIND_BACKWARD, bw_module, inputs)
-            except Exception as e:
-                log.debug("kiln: backward of %s not sent ahead (%s: %s)", fn.name, type(e).__name__, _short(e))
+        try:
+            inputs = layouts.backward_inputs(bw_module, fw_gm, strides)
+            if inputs is None:
                 return
-            _send_ahead(opts, request, fn.name)
+            from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-        threading.Thread(target=send, daemon=True, name="kiln-prefetch-backward").start()
+            with unset_fake_temporarily():  # as the lazy backward compile runs: no fake mode
+                request = _compile_request(self.opts, self.fn, proto.GRAPH_KIND_BACKWARD, bw_module, inputs)
+        except Exception as e:
+            log.debug("kiln: backward of %s not sent ahead (%s: %s)", self.fn.name, type(e).__name__, _short(e))
+            return
+        threading.Thread(target=_send_ahead, args=(self.opts, request, self.fn.name), daemon=True,
+                         name="kiln-prefetch-backward").start()
         stats_mod.add("backward_prefetches")
 
     def prefetch_backward_shape(self, fw_module, args):
