@@ -17,6 +17,7 @@ whose strides differ from what a backward plan was compiled for fail its guards,
 a plan for them (kiln.backend), so a forward plan that falls back to eager stays correct.
 """
 
+import functools
 import logging
 
 import torch
@@ -135,15 +136,16 @@ def repropagate(gm, example_inputs):
         return False
     saved = {n: n.meta.get("val") for n in gm.graph.nodes}
     try:
-        _Propagation(gm, mode).propagate_dont_convert_inputs(*example_inputs)
+        _propagation_class()(gm, mode).propagate_dont_convert_inputs(*example_inputs)
     except Exception as e:
         for n, val in saved.items():
             n.meta["val"] = val
-        log.debug("kiln: backward metadata kept as traced (%s: %s)", type(e).__name__, e)
+        log.debug("kiln: graph metadata kept as traced (%s: %s)", type(e).__name__, e)
         return False
     return True
 
 
+@functools.lru_cache(maxsize=None)
 def _propagation_class():
     from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
@@ -167,10 +169,6 @@ def _propagation_class():
             return tuple(_as_channels_last(t) if k < 2 else t for k, t in enumerate(out))
 
     return Propagation
-
-
-def _Propagation(gm, mode):
-    return _propagation_class()(gm, mode)
 
 
 _CONVOLUTIONS = (torch.ops.aten.convolution.default, torch.ops.aten.convolution_backward.default)
