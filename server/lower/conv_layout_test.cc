@@ -102,6 +102,23 @@ std::vector<v1::Argument> MaxPoolArgs(const std::string& x) {
   return {Ref(x), Ints({3, 3}), Ints({2, 2}), Ints({1, 1})};
 }
 
+// ResNet's stem over the graph's NCHW input x: conv1 -> relu -> max_pool2d_with_indices (pooled,
+// idx) -> conv2 -> relu_1, returning `outputs`.
+GraphBuilder PoolingStem(std::vector<std::string> outputs) {
+  GraphBuilder b;
+  b.Input("x", Cu({2, 8, 8, 8})).Input("w1", Cu({16, 8, 3, 3})).Input("w2", Cu({16, 16, 3, 3}))
+      .Call("conv1", "aten.convolution.default", ConvArgs("x", "w1"), Cu({2, 16, 8, 8}))
+      .Call("relu", "aten.relu.default", {Ref("conv1")}, Cu({2, 16, 8, 8}))
+      .Call("pool", "aten.max_pool2d_with_indices.default", MaxPoolArgs("relu"),
+            Tuple({Cu({2, 16, 4, 4}), Cu({2, 16, 4, 4}, v1::DTYPE_INT64)}))
+      .Call("pooled", "operator.getitem", {Ref("pool"), I(0)}, Cu({2, 16, 4, 4}))
+      .Call("idx", "operator.getitem", {Ref("pool"), I(1)}, Cu({2, 16, 4, 4}, v1::DTYPE_INT64))
+      .Call("conv2", "aten.convolution.default", ConvArgs("pooled", "w2"), Cu({2, 16, 4, 4}))
+      .Call("relu_1", "aten.relu.default", {Ref("conv2")}, Cu({2, 16, 4, 4}))
+      .Output(std::move(outputs));
+  return b;
+}
+
 TEST(ConvLayoutTest, LoweredPoolingFollowsItsChannelsLastInput) {
   // ResNet's stem as kiln lowers it: the pooling is a kernel reading relu through masked loads,
   // so relu is stored; it follows conv1's channels-last result (no transposes), and the pooled
@@ -131,16 +148,7 @@ TEST(ConvLayoutTest, AStemOverTheImageTransposesBeforeThePoolingKernel) {
   // ResNet's stem over the graph's NCHW input: conv1 returns NCHW (its input does not change).
   // relu, read only by the pooling kernel, whose result conv2 reads channels-last, follows that
   // reader: relu's kernel transposes, and the pooling's windows read along channels.
-  GraphBuilder b;
-  b.Input("x", Cu({2, 8, 8, 8})).Input("w1", Cu({16, 8, 3, 3})).Input("w2", Cu({16, 16, 3, 3}))
-      .Call("conv1", "aten.convolution.default", ConvArgs("x", "w1"), Cu({2, 16, 8, 8}))
-      .Call("relu", "aten.relu.default", {Ref("conv1")}, Cu({2, 16, 8, 8}))
-      .Call("pool", "aten.max_pool2d_with_indices.default", MaxPoolArgs("relu"),
-            Tuple({Cu({2, 16, 4, 4}), Cu({2, 16, 4, 4}, v1::DTYPE_INT64)}))
-      .Call("pooled", "operator.getitem", {Ref("pool"), I(0)}, Cu({2, 16, 4, 4}))
-      .Call("conv2", "aten.convolution.default", ConvArgs("pooled", "w2"), Cu({2, 16, 4, 4}))
-      .Call("relu_1", "aten.relu.default", {Ref("conv2")}, Cu({2, 16, 4, 4}))
-      .Output({"relu_1"});
+  GraphBuilder b = PoolingStem({"relu_1"});
   Lowered l;
   ASSERT_NO_FATAL_FAILURE(l.Lower(b));
   OpGraph* ops = &l.ops;
@@ -186,17 +194,7 @@ TEST(ConvLayoutTest, SavedPoolingIndicesFollowTheirChannelsLastInput) {
   // conv2 reads channels-last; the pooling indices are only saved. relu follows its readers (the
   // saved indices aside), and the indices follow relu, so the pooling kernel's loads and stores
   // all go along channels.
-  GraphBuilder b;
-  b.Input("x", Cu({2, 8, 8, 8})).Input("w1", Cu({16, 8, 3, 3})).Input("w2", Cu({16, 16, 3, 3}))
-      .Call("conv1", "aten.convolution.default", ConvArgs("x", "w1"), Cu({2, 16, 8, 8}))
-      .Call("relu", "aten.relu.default", {Ref("conv1")}, Cu({2, 16, 8, 8}))
-      .Call("pool", "aten.max_pool2d_with_indices.default", MaxPoolArgs("relu"),
-            Tuple({Cu({2, 16, 4, 4}), Cu({2, 16, 4, 4}, v1::DTYPE_INT64)}))
-      .Call("pooled", "operator.getitem", {Ref("pool"), I(0)}, Cu({2, 16, 4, 4}))
-      .Call("idx", "operator.getitem", {Ref("pool"), I(1)}, Cu({2, 16, 4, 4}, v1::DTYPE_INT64))
-      .Call("conv2", "aten.convolution.default", ConvArgs("pooled", "w2"), Cu({2, 16, 4, 4}))
-      .Call("relu_1", "aten.relu.default", {Ref("conv2")}, Cu({2, 16, 4, 4}))
-      .Output({"relu_1", "relu", "idx"});
+  GraphBuilder b = PoolingStem({"relu_1", "relu", "idx"});
   Lowered l;
   ASSERT_NO_FATAL_FAILURE(l.Lower(b, {1, 2}));
   OpGraph* ops = &l.ops;

@@ -165,6 +165,19 @@ absl::StatusOr<std::vector<int32_t>> PerSamplePartials(Lowerer& l, int32_t node_
   return ids;
 }
 
+// The per-channel combine of a split batch norm: a row op over the [N, C] partials `inputs`,
+// folding n into the accumulators `accs`; the caller adds its outputs.
+RowBuilder PerChannelCombine(Lowerer& l, int32_t node_index, const Node& n, int64_t samples, int64_t channels,
+                             const std::string& name, std::vector<int32_t> inputs, std::vector<RowAcc> accs) {
+  RowBuilder cb{l, node_index, n, RowOp{}, {}};
+  cb.row.name = name;
+  cb.row.domain = {samples, channels};
+  cb.row.reduce_dims = {0};
+  cb.row.inputs = std::move(inputs);
+  cb.row.accs = std::move(accs);
+  return cb;
+}
+
 }  // namespace
 
 // Batch norm over the channel dim 1 of [N, C, ...]: the statistics reduce every other dim.
@@ -315,13 +328,9 @@ absl::Status LowerBatchNorm(Lowerer& l, int32_t node_index) {
       // 2. Per channel, over n: the mean of the partial means (Welford over them), and
       //    M2 = sum of the partial M2s + spatial * sum of (partial mean - mean)^2.
       const double spatial = static_cast<double>(count / in_sizes[0]);
-      RowBuilder cb{l, node_index, n, RowOp{}, {}};
-      cb.row.name = "batch_norm_stats";
-      cb.row.domain = {in_sizes[0], channels};
-      cb.row.reduce_dims = {0};
-      cb.row.inputs = {parts[0], parts[1], rm, rv};
-      cb.row.accs.push_back({AccKind::kWelford, ct, LoadAs(parts[0], ct)});
-      cb.row.accs.push_back({AccKind::kSum, ct, LoadAs(parts[1], ct)});
+      RowBuilder cb = PerChannelCombine(l, node_index, n, in_sizes[0], channels, "batch_norm_stats",
+                                        {parts[0], parts[1], rm, rv},
+                                        {{AccKind::kWelford, ct, LoadAs(parts[0], ct)}, {AccKind::kSum, ct, LoadAs(parts[1], ct)}});
       KILN_RETURN_IF_ERROR(outputs(cb, [](const AccReader& a) { return a(0, AccField::kMean); }, [=](const AccReader& a) {
         return k::Div(k::Add(a(1, AccField::kValue), k::Mul(LiteralF(ct, spatial), a(0, AccField::kM2))),
                       LiteralF(ct, static_cast<double>(count)));
@@ -386,6 +395,22 @@ absl::Status LowerBatchNorm(Lowerer& l, int32_t node_index) {
   const ElemFn xhat = [=](LoadContext& ctx, const std::vector<Affine>& idx) -> ExprOr {
     return k::Mul(k::Sub(LoadAs(x, ct)(ctx, idx), LoadAs(mean, ct)(ctx, chan(idx))), invstd(ctx, idx));
   };
+  const ElemFn dot = [=](LoadContext& ctx, const std::vector<Affine>& idx) {
+    return k::Mul(LoadAs(go, ct)(ctx, idx), xhat(ctx, idx));
+  };
+  // grad_input at idx, of type `out`, from sum(go) and sum(go * xhat) (read only in training).
+  using Sum = std::function<ExprOr()>;
+  auto grad_input = [=](LoadContext& ctx, const std::vector<Affine>& idx, const Sum& sum_go, const Sum& sum_dot,
+                        ScalarType out) -> ExprOr {
+    ExprOr scale = invstd(ctx, idx);
+    if (w >= 0) scale = k::Mul(scale, LoadAs(w, ct)(ctx, chan(idx)));
+    ExprOr g = LoadAs(go, ct)(ctx, idx);
+    if (train) {
+      const ExprOr nn = LiteralF(ct, static_cast<double>(count));
+      g = k::Sub(k::Sub(g, k::Div(sum_go(), nn)), k::Mul(xhat(ctx, idx), k::Div(sum_dot(), nn)));
+    }
+    return k::Cast(out, k::Mul(scale, g));
+  };
   // The requested items' types (checked before anything is added).
   std::vector<std::optional<ScalarType>> wanted(3);
   for (int i = 0; i < 3; ++i) {
@@ -396,22 +421,14 @@ absl::Status LowerBatchNorm(Lowerer& l, int32_t node_index) {
   const std::optional<graph::DType> acc_dtype = ToDType(ct);
   if (train && SplitsPerSample(in_sizes) && acc_dtype) {
     // 1. Per (n, c): the sums of go and go * xhat over the spatial dims.
-    const ElemFn dot = [=](LoadContext& ctx, const std::vector<Affine>& idx) {
-      return k::Mul(LoadAs(go, ct)(ctx, idx), xhat(ctx, idx));
-    };
     KILN_ASSIGN_OR_RETURN(std::vector<int32_t> parts,
                           PerSamplePartials(l, node_index, n, in_sizes, {go, x, mean, stat},
                                             {{AccKind::kSum, ct, LoadAs(go, ct)}, {AccKind::kSum, ct, dot}},
                                             {{0, AccField::kValue}, {1, AccField::kValue}}, *acc_dtype,
                                             "batch_norm_backward_partial"));
     // 2. Per channel, over n: sum(go) (grad_bias) and sum(go * xhat) (grad_weight).
-    RowBuilder cb{l, node_index, n, RowOp{}, {}};
-    cb.row.name = "batch_norm_backward_sums";
-    cb.row.domain = {in_sizes[0], channels};
-    cb.row.reduce_dims = {0};
-    cb.row.inputs = parts;
-    cb.row.accs.push_back({AccKind::kSum, ct, LoadAs(parts[0], ct)});
-    cb.row.accs.push_back({AccKind::kSum, ct, LoadAs(parts[1], ct)});
+    RowBuilder cb = PerChannelCombine(l, node_index, n, in_sizes[0], channels, "batch_norm_backward_sums", parts,
+                                      {{AccKind::kSum, ct, LoadAs(parts[0], ct)}, {AccKind::kSum, ct, LoadAs(parts[1], ct)}});
     for (int acc : {0, 1}) {  // the sums themselves, for grad_input
       KILN_ASSIGN_OR_RETURN(LValue v, NewRowValue(l, cb, *acc_dtype, {channels}, cb.row.name));
       cb.outs.push_back(std::move(v));
@@ -442,12 +459,9 @@ absl::Status LowerBatchNorm(Lowerer& l, int32_t node_index) {
       if (w >= 0) v.inputs.push_back(w);
       const int32_t sum_go = ids[0], sum_dot = ids[1];
       v.elem = [=](LoadContext& ctx, const std::vector<Affine>& idx) -> ExprOr {
-        ExprOr scale = invstd(ctx, idx);
-        if (w >= 0) scale = k::Mul(scale, LoadAs(w, ct)(ctx, chan(idx)));
-        const ExprOr nn = LiteralF(ct, static_cast<double>(count));
-        const ExprOr g = k::Sub(k::Sub(LoadAs(go, ct)(ctx, idx), k::Div(LoadAs(sum_go, ct)(ctx, chan(idx)), nn)),
-                                k::Mul(xhat(ctx, idx), k::Div(LoadAs(sum_dot, ct)(ctx, chan(idx)), nn)));
-        return k::Cast(out, k::Mul(scale, g));
+        return grad_input(
+            ctx, idx, [&] { return LoadAs(sum_go, ct)(ctx, chan(idx)); },
+            [&] { return LoadAs(sum_dot, ct)(ctx, chan(idx)); }, out);
       };
       items[0] = l.Add(std::move(v));
     }
@@ -461,26 +475,18 @@ absl::Status LowerBatchNorm(Lowerer& l, int32_t node_index) {
   rb.row.inputs = {go, x, mean, stat};
   if (w >= 0) rb.row.inputs.push_back(w);
   rb.row.accs.push_back({AccKind::kSum, ct, LoadAs(go, ct)});
-  rb.row.accs.push_back({AccKind::kSum, ct, [=](LoadContext& ctx, const std::vector<Affine>& idx) {
-                           return k::Mul(LoadAs(go, ct)(ctx, idx), xhat(ctx, idx));
-                         }});
+  rb.row.accs.push_back({AccKind::kSum, ct, dot});
   std::vector<int32_t> items(3, -1);
   std::vector<int> which;
   for (int i = 0; i < 3; ++i) {
-    if (!n.args[9].list[i].b || n.type.items[i].kind != Type::Kind::kTensor) continue;
-    KILN_ASSIGN_OR_RETURN(const ScalarType out, out_type(i));
+    if (!wanted[i]) continue;
+    const ScalarType out = *wanted[i];
     which.push_back(i);
     if (i == 0) {
       rb.row.composite = true;
       KILN_RETURN_IF_ERROR(rb.Output(0, true, [=](LoadContext& ctx, const AccReader& a, const std::vector<Affine>& idx) {
-        ExprOr scale = invstd(ctx, idx);
-        if (w >= 0) scale = k::Mul(scale, LoadAs(w, ct)(ctx, chan(idx)));
-        ExprOr g = LoadAs(go, ct)(ctx, idx);
-        if (train) {
-          const ExprOr nn = LiteralF(ct, static_cast<double>(count));
-          g = k::Sub(k::Sub(g, k::Div(a(0, AccField::kValue), nn)), k::Mul(xhat(ctx, idx), k::Div(a(1, AccField::kValue), nn)));
-        }
-        return k::Cast(out, k::Mul(scale, g));
+        return grad_input(
+            ctx, idx, [&] { return a(0, AccField::kValue); }, [&] { return a(1, AccField::kValue); }, out);
       }));
     } else {
       const int acc = i == 1 ? 1 : 0;  // grad_weight = sum(go * xhat), grad_bias = sum(go)
@@ -489,7 +495,6 @@ absl::Status LowerBatchNorm(Lowerer& l, int32_t node_index) {
       }));
     }
   }
-  if (which.empty()) return absl::UnimplementedError("batch norm backward computes nothing");
   std::vector<int32_t> ids;
   KILN_RETURN_IF_ERROR(rb.Finish(&ids));
   for (size_t j = 0; j < which.size(); ++j) items[which[j]] = ids[j];

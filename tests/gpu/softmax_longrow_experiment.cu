@@ -80,15 +80,12 @@ __device__ __forceinline__ void issue_piece(float* dst, const float* src, uint64
   }
 }
 
-// The (max, sum of exps) of a piece of S floats in shared memory, computed by the T threads that
-// call it (this one is `tid` of them) through `red` (T / 32 slots) and `sync` (a barrier over those
-// threads). Every lane of warp 0 gets the piece's pair; the others get the (-inf, 0) pair.
-template <int T, int S, bool FAST, typename Sync>
-__device__ __forceinline__ float2 piece_stats(const float* piece, int tid, float2* red, Sync sync) {
+// Thread `tid` of T: its V = S / T floats of a piece in shared memory (float4 loads, strided by T)
+// into v; returns their maximum.
+template <int T, int S>
+__device__ __forceinline__ float load_piece(const float* piece, int tid, float (&v)[S / T]) {
   constexpr int V = S / T;
-  const int lane = tid & 31, warp = tid >> 5;
   const float4* p = reinterpret_cast<const float4*>(piece);
-  float v[V];
 #pragma unroll
   for (int q = 0; q < V / 4; ++q) {
     const float4 f = p[tid + q * T];
@@ -97,6 +94,18 @@ __device__ __forceinline__ float2 piece_stats(const float* piece, int tid, float
   float m = v[0];
 #pragma unroll
   for (int j = 1; j < V; ++j) m = fmaxf(m, v[j]);
+  return m;
+}
+
+// The (max, sum of exps) of a piece of S floats in shared memory, computed by the T threads that
+// call it (this one is `tid` of them) through `red` (T / 32 slots) and `sync` (a barrier over those
+// threads). Every lane of warp 0 gets the piece's pair; the others get the (-inf, 0) pair.
+template <int T, int S, bool FAST, typename Sync>
+__device__ __forceinline__ float2 piece_stats(const float* piece, int tid, float2* red, Sync sync) {
+  constexpr int V = S / T;
+  const int lane = tid & 31, warp = tid >> 5;
+  float v[V];
+  float m = load_piece<T, S>(piece, tid, v);
   float s = 0.f;
   if (m != -INFINITY) {
 #pragma unroll
@@ -371,14 +380,7 @@ __global__ void __launch_bounds__(TA + TB, 1) longrow_softmax3(const float* __re
       while (!mbar_try(&bars[t % K], (t / K) & 1)) {}
       float4* p = reinterpret_cast<float4*>(buf + (t % K) * S);
       float v[VA];
-#pragma unroll
-      for (int q = 0; q < VA / 4; ++q) {
-        const float4 f = p[tid + q * TA];
-        v[4 * q] = f.x; v[4 * q + 1] = f.y; v[4 * q + 2] = f.z; v[4 * q + 3] = f.w;
-      }
-      float m = v[0];
-#pragma unroll
-      for (int j = 1; j < VA; ++j) m = fmaxf(m, v[j]);
+      float m = load_piece<TA, S>(buf + (t % K) * S, tid, v);
 #pragma unroll
       for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
       if (lane == 0) red[t & 1][warp].x = m;

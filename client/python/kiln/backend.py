@@ -314,11 +314,11 @@ class _Session:
         placeholders' meta["val"] (re-strided only for strides a compiler reports through
         TracingContext.output_strides, which kiln does for forwards with a convolution, see
         kiln.layouts). Returns without sending in cache-only mode, with the option off, under
-        compiled autograd (which never calls the backward compiler), when AOTAutograd will inline
-        saved-tensors hooks into the backward graph after partitioning; with option training_layouts, a
-        backward of convolutions is kept and sent once the forward's plan gives its inputs'
-        strides (_send_deferred_backward); raises on a
-        graph it cannot serialize (make_aot logs and ignores it)."""
+        compiled autograd (which never calls the backward compiler) and when AOTAutograd will
+        inline saved-tensors hooks into the backward graph after partitioning. With option
+        training_layouts, a backward of convolutions is kept and sent once the forward's plan gives
+        its inputs' strides (_send_deferred_backward). Raises on a graph it cannot serialize
+        (make_aot logs and ignores it)."""
         opts = self.opts
         if (not opts.prefetch_backward or opts.cache_only or _compiled_autograd_on()
                 or _saved_tensors_hooks_inlined()):

@@ -29,22 +29,11 @@ def saved_tensor_positions(gm):
     """Output positions of a training forward graph `gm` that hold tensors saved for the backward
     only (not graph inputs, not also returned at another position), ascending; [] when AOTAutograd's
     metadata is not at hand or does not match the graph's outputs."""
-    from torch._guards import TracingContext
-
-    tc = TracingContext.try_get()
-    meta = getattr(tc, "fw_metadata", None) if tc is not None else None
-    try:
-        saved = meta.tensors_saved_for_backwards_slice
-        num_symints = meta.num_symints_saved_for_bw or 0
-    except Exception:  # no metadata, or AOTAutograd has not filled it in (e.g. tensor subclasses)
-        return []
     outputs = _output_args(gm)
-    if outputs is None or saved.step not in (None, 1):
+    saved = _saved_slice(outputs)
+    if saved is None:
         return []
-    start, stop, _ = saved.indices(len(outputs))  # slice(first saved, -symints or None)
-    if stop + num_symints != len(outputs):
-        return []  # a layout this module does not know: leave every output as traced
-    positions = range(start, stop)
+    positions = range(saved[0], saved[1])
     elsewhere = {id(outputs[i]) for i in range(len(outputs)) if i not in positions}
     return [i for i in positions
             if isinstance(outputs[i], torch.fx.Node) and outputs[i].op != "placeholder"
@@ -85,18 +74,11 @@ def backward_inputs(bw_module, fw_gm, strides):
     `fw_gm`'s plan reported `strides` (its placeholders' meta["val"], the saved tensors'
     re-strided as AOTAutograd does), for sending the backward ahead; None when the metadata does
     not match."""
-    from torch._guards import TracingContext
-
-    tc = TracingContext.try_get()
-    meta = getattr(tc, "fw_metadata", None) if tc is not None else None
     outputs = _output_args(fw_gm)
-    if meta is None or outputs is None or strides is None or len(strides) != len(outputs):
+    saved = _saved_slice(outputs)
+    if saved is None or strides is None or len(strides) != len(outputs):
         return None
-    try:
-        start, stop, _ = meta.tensors_saved_for_backwards_slice.indices(len(outputs))
-        num_symints = meta.num_symints_saved_for_bw or 0
-    except Exception:
-        return None
+    start, stop, num_symints = saved
     vals = [n.meta.get("val") for n in bw_module.graph.nodes if n.op == "placeholder"]
     if num_symints + stop - start > len(vals):
         return None
@@ -189,6 +171,29 @@ def _as_channels_last(t):
         return t
     n, c, h, w = t.shape
     return t.new_empty_strided(t.shape, (h * w * c, 1, w * c, c))
+
+
+def _saved_slice(outputs):
+    """(start, stop, symints): the forward outputs `outputs` at [start, stop) are the tensors
+    saved for the backward, followed by `symints` saved SymInts, per AOTAutograd's metadata of the
+    graph being compiled; None when that is not at hand or does not match `outputs`."""
+    from torch._guards import TracingContext
+
+    tc = TracingContext.try_get()
+    meta = getattr(tc, "fw_metadata", None) if tc is not None else None
+    if outputs is None:
+        return None
+    try:
+        saved = meta.tensors_saved_for_backwards_slice
+        num_symints = meta.num_symints_saved_for_bw or 0
+    except Exception:  # no metadata, or AOTAutograd has not filled it in (e.g. tensor subclasses)
+        return None
+    if saved.step not in (None, 1):
+        return None
+    start, stop, _ = saved.indices(len(outputs))  # slice(first saved, -symints or None)
+    if stop + num_symints != len(outputs):
+        return None  # a layout this module does not know: leave every output as traced
+    return start, stop, num_symints
 
 
 def _output_args(gm):

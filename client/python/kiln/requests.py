@@ -34,8 +34,8 @@ def serialize_aot_graph(gm, example_inputs, kind, debug_name, training_layouts=T
 
     layouts.repropagate(gm, example_inputs)
     graph = serialize_graph(gm, example_inputs, kind=kind, debug_name=debug_name)
-    if training_layouts and kind == proto.GRAPH_KIND_FORWARD and any(n.target is torch.ops.aten.convolution.default
-                                                 for n in gm.graph.nodes):
+    if (training_layouts and kind == proto.GRAPH_KIND_FORWARD
+            and any(n.target is torch.ops.aten.convolution.default for n in gm.graph.nodes)):
         graph.free_layout_outputs.extend(layouts.saved_tensor_positions(gm))
     return graph
 
