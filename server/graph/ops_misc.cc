@@ -273,7 +273,8 @@ void RegisterMiscOps(std::vector<OpSpec>* specs) {
   add("aten", kNewOnes.c_str(), kOther, NewFactory(-1));
   add("aten", kNewEmpty.c_str(), kOther, NewFactory(-1));
   add("aten", kNewFull.c_str(), kOther, NewFactory(2));
-  add("aten", "copy_(Tensor(a!) self, Tensor src, bool non_blocking=False) -> Tensor(a!)", kOther, InferCopyInplace);
+  // Runs as aten (an extern step): AOTAutograd leaves one per mutated input at the end of a graph.
+  add("aten", "copy_(Tensor(a!) self, Tensor src, bool non_blocking=False) -> Tensor(a!)", kExt, InferCopyInplace);
 
   add("operator", "getitem(Any self, int idx) -> Any", kOther, InferGetItem, "operator.getitem");
   add("operator", "getitem(Any self, int idx) -> Any", kOther, InferGetItem, "_operator.getitem");

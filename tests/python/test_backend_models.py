@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 import kiln
 import kiln.backend
+import kiln.executor
 from kiln import proto, testing
 from kiln.rpc import KilnClient
 from kilnd_server import Kilnd, fresh_kiln, server_requests
@@ -197,6 +198,40 @@ def test_models_compile_then_hit_the_cache_and_run_kernels(name):
                 assert any(step.HasField("kernel") for step in plan.steps), (key, plan)
     finally:
         assert fresh_server.stop() == 0
+
+
+@pytest.mark.parametrize("cuda_graphs", [False, True])
+def test_batch_norm_running_statistics_are_updated_by_the_plan(server, monkeypatch, cuda_graphs):
+    """A training forward updates batch norm's buffers (running mean, variance, batches tracked).
+    By default the graph keeps those updates (copy_ nodes, as Inductor's do) and the plan runs them
+    at once (one torch._foreach_copy_, kiln._exec_aten.merge_copies); with the cuda_graphs option,
+    which does not capture graphs that mutate their inputs, AOTAutograd copies them after the
+    graph. Either way the buffers match eager's after every step."""
+    merged = []
+    real = kiln.executor.merge_copies
+
+    def spy(steps, values, root):
+        out = real(steps, values, root)
+        merged.append([len(e[1]) if e[0] == "copies" else e[1].__name__ for e in out
+                       if e[0] == "copies" or (e[0] == "aten" and "copy_" in str(e[1]))])
+        return out
+
+    monkeypatch.setattr(kiln.executor, "merge_copies", spy)
+    torch.manual_seed(0)
+    eager = ConvNet()
+    model = copy.deepcopy(eager)
+    compiled = torch.compile(model, backend="kiln", options={"server": server.address, "cuda_graphs": cuda_graphs})
+    for _ in range(3):
+        x = torch.randn(4, 3, 8, 8)
+        for fn in (eager, compiled):
+            fn(x).pow(2).mean().backward()
+        for a, b in zip(eager.buffers(), model.buffers()):
+            torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
+    assert model.bn.num_batches_tracked.item() == 3
+    s = kiln.stats()
+    assert s["graph_fallbacks"] == 0 and s["op_fallbacks"] == 0 and s["eager_calls"] == 0
+    # forward: the three buffer updates in one run; backward: none.
+    assert sorted(merged) == ([[], []] if cuda_graphs else [[], [3]]), merged
 
 
 def test_optimizer_step_captured_by_dynamo(server):

@@ -137,6 +137,8 @@ class _WorkspaceMixin:
                 reads.update(o for o in entry[4] if o >= 0 and ex.values[o].storage != _PV.STORAGE_STEP)
             elif entry[0] == "library" and self.gemm_runtime is None:
                 reads.update(a for a in entry[1][1][:4] if a >= 0)
+            elif entry[0] == "copies":
+                reads.update(i for d, s, _, _ in entry[1] for i in (d, s))
         return reads
 
     def _pointer(self, i, cuda=False):

@@ -316,6 +316,42 @@ def test_tuple_items_returned_as_none_are_fine_until_read():
         run(build(True), args)
 
 
+def test_input_updates_at_the_end_run_as_foreach_copies_per_dtype(monkeypatch):
+    # A forward that updates three inputs (as batch norm's running statistics), the way AOTAutograd
+    # leaves them with keep_inference_input_mutations: copy_(input, new value) after the compute.
+    # The fourth copy writes into the second's source, so it starts a new run (a lone copy_).
+    def build():
+        plan = proto.Plan(num_inputs=3)
+        x, rm, nbt = (value(plan, s, PV.STORAGE_INPUT, i, dtype=d)
+                      for i, (s, d) in enumerate([([4, 3], F32), ([3], F32), ([], proto.DTYPE_INT64)]))
+        mean = value(plan, [3], PV.STORAGE_STEP)
+        new_rm = value(plan, [3], PV.STORAGE_STEP)
+        new_nbt = value(plan, [], PV.STORAGE_STEP, dtype=proto.DTYPE_INT64)
+        out = value(plan, [4, 3], PV.STORAGE_STEP)
+        aliases = [value(plan, [3], PV.STORAGE_STEP), value(plan, [], PV.STORAGE_STEP, dtype=proto.DTYPE_INT64)]
+        aten(plan, "aten.mean.dim", [ref(x), [0]], [mean])
+        aten(plan, "aten.lerp.Scalar", [ref(rm), ref(mean), 0.1], [new_rm])
+        aten(plan, "aten.add.Tensor", [ref(nbt), 1], [new_nbt])
+        aten(plan, "aten.sub.Tensor", [ref(x), ref(mean)], [out])
+        aten(plan, "aten.copy_.default", [ref(rm), ref(new_rm)], [aliases[0]])
+        aten(plan, "aten.copy_.default", [ref(nbt), ref(new_nbt)], [aliases[1]])
+        aten(plan, "aten.copy_.default", [ref(new_rm), ref(mean)], [-1])
+        plan.outputs.extend([out, aliases[0]])
+        return plan
+
+    calls = []
+    real = torch._foreach_copy_
+    monkeypatch.setattr("kiln._exec_aten._FOREACH_COPY", lambda d, s: (calls.append(len(d)), real(d, s)))
+    x, rm, nbt = torch.randn(4, 3), torch.randn(3), torch.tensor(5)
+    want_rm = torch.lerp(rm, x.mean(0), 0.1)
+    ex, (out, rm_out) = run(build(), [x, rm, nbt])
+    torch.testing.assert_close(out, x - x.mean(0))
+    torch.testing.assert_close(rm, want_rm)  # the input itself was updated
+    assert rm_out is rm and nbt.item() == 6
+    assert calls == [1, 1]  # rm (f32) and nbt (int64) in one instruction; the third copy_ ran alone
+    assert [e[0] for e in ex._steps][-2:] == ["copies", "aten"]
+
+
 def test_programs_are_built_once_per_device_and_outputs_are_fresh():
     plan = proto.Plan(num_inputs=1, workspace_bytes=128)
     x = value(plan, [2, 3], PV.STORAGE_INPUT, 0)
