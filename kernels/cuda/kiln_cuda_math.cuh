@@ -87,6 +87,22 @@ KILN_DEV float exp_approx(float x) {
 #endif
 }
 
+// x / y as rcp.approx and a multiply (__fdividef: 2 ulp for 2^-126 <= |y| < 2^126; NaN and inf
+// propagate as in x / y). Only for Welford::Update's mean step, delta / count, where count is a
+// whole number below 2^24 and the step's error is of the order of its own rounding. The IEEE
+// division it replaces is a subroutine of tens of instructions per element: a channels-last
+// batch-norm partial (bf16, 32 x 256 x 56 x 56, sums over 56 x 56 per (n, c)) took 52 us with it
+// and 28 us with this on the H200, where reading the same bytes takes 16 us. Host and emulator:
+// x / y.
+KILN_DEV float div_approx(float x, float y) {
+#if defined(__CUDA_ARCH__)
+  return __fdividef(x, y);
+#else
+  return x / y;
+#endif
+}
+KILN_DEV double div_approx(double x, double y) { return x / y; }
+
 template <typename T> KILN_DEV T relu(T x) { return x > T(0) ? x : (x != x ? x : T(0)); }
 template <typename T> KILN_DEV T sign(T x) { return static_cast<T>((T(0) < x) - (x < T(0))); }
 template <typename T> KILN_DEV T sigmoid(T x) { return T(1) / (T(1) + kiln_cuda::exp(-x)); }

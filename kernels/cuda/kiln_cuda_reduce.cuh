@@ -71,7 +71,7 @@ template <typename T> struct Welford {
   KILN_DEV void Update(T x) {
     count += T(1);
     const T delta = x - mean;
-    mean += delta / count;
+    mean += div_approx(delta, count);  // kiln_cuda_math.cuh: the IEEE division is most of the cost
     m2 += delta * (x - mean);
   }
   KILN_DEV void Merge(const Welford& b) {
@@ -157,13 +157,26 @@ template <int kWarps = 0, typename S, typename Op> KILN_DEV S block_allreduce(S 
 
 // Every thread of the block must call it; `smem` holds blockDim.x states. Thread t serves point
 // t % rx as lane t / rx of blockDim.x / rx.
+// A power-of-two number of lanes folds as a tree (lane l takes lane l + half, half = lanes / 2,
+// lanes / 4, ... 1), else in lane order by every thread. Either way every thread of a point gets
+// the same result.
 template <typename S, typename Op> KILN_DEV S column_allreduce(S s, Op op, void* smem, int rx) {
   S* slots = static_cast<S*>(smem);
   slots[threadIdx.x] = s;
   __syncthreads();
   const int point = threadIdx.x % rx;
-  S r = slots[point];
   const int lanes = blockDim.x / rx;
+  if ((lanes & (lanes - 1)) == 0) {
+    const int lane = threadIdx.x / rx;
+    for (int half = lanes / 2; half > 0; half /= 2) {
+      if (lane < half) slots[threadIdx.x] = op(slots[threadIdx.x], slots[threadIdx.x + half * rx]);
+      __syncthreads();
+    }
+    const S r = slots[point];
+    __syncthreads();
+    return r;
+  }
+  S r = slots[point];
   for (int l = 1; l < lanes; ++l) r = op(r, slots[l * rx + point]);
   __syncthreads();
   return r;

@@ -111,7 +111,7 @@ void CudaKernelEmitter::EmitAllReduces(const std::vector<Stmt>& stmts, int64_t c
         break;
       default:
         w_.Linef(value, " = kiln_cuda::column_allreduce(", value, ", ", op, ", kiln_smem, ",
-                 kColumnPoints, ");");
+                 column_points_, ");");
         break;
     }
   };

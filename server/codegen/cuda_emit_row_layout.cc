@@ -50,6 +50,19 @@ bool CudaKernelEmitter::IsColumnReduction() const {
   return column;
 }
 
+int CudaKernelEmitter::NarrowestColumnLoad() const {
+  const Var last_outer{VarKind::kOuter, static_cast<int32_t>(k_.outer.size()) - 1};
+  int bytes = 8;
+  for (const kernel::Phase& p : k_.phases) {
+    for (const ExprNode* l : LoadsOf(p.stmts)) {
+      if (l->args.empty() && ConstStride(l->index, last_outer) == absl::optional<int64_t>(1)) {
+        bytes = std::min(bytes, kernel::ScalarTypeBytes(l->type));
+      }
+    }
+  }
+  return bytes;
+}
+
 void CudaKernelEmitter::ChooseRowLayout(const Size& rows, absl::optional<int64_t> total_c) {
   launch_.work = rows;
   int max_state = 0;
@@ -59,15 +72,25 @@ void CudaKernelEmitter::ChooseRowLayout(const Size& rows, absl::optional<int64_t
     // few points, and each thread's loads are strided.
     launch_.layout = CudaLayout::kColumn;
     group_ = 32;
+    column_points_ = kColumnPoints;
     if (const absl::optional<int64_t> points = rows.AsConst()) {
-      const int64_t blocks = (*points + kColumnPoints - 1) / kColumnPoints;
+      // Fewer points than a block per SM (a batch norm's 32 x 64 (n, c) partials): narrower
+      // blocks, down to 32 bytes of the narrowest coalesced load per row (a whole sector), and
+      // more threads per point. 2048 bf16 points: 64 blocks of 32 x 32 threads -> 128 of 16 x 64.
+      const int narrowest = NarrowestColumnLoad();
+      while (column_points_ / 2 * narrowest >= 32 &&
+             (*points + column_points_ - 1) / column_points_ < num_sms_) {
+        column_points_ /= 2;
+      }
+      const int64_t blocks = (*points + column_points_ - 1) / column_points_;
+      const int max_group = 1024 / column_points_;
       group_ = 8;
-      while (group_ < 32 && blocks * kColumnPoints * group_ < int64_t{num_sms_} * kThreadsPerSm) {
+      while (group_ < max_group && blocks * column_points_ * group_ < int64_t{num_sms_} * kThreadsPerSm) {
         group_ *= 2;
       }
     }
-    launch_.block = kColumnPoints * group_;
-    launch_.work_per_block = kColumnPoints;
+    launch_.block = column_points_ * group_;
+    launch_.work_per_block = column_points_;
     launch_.max_grid = int64_t{num_sms_} * (kThreadsPerSm / launch_.block) * 4;
     smem_bytes_ = launch_.block * max_state;
   } else if (total_c && *total_c <= kWarpRowLimit) {

@@ -73,11 +73,11 @@ void CudaKernelEmitter::EmitRows() {
                            rows_code, "; kiln_u += gridDim.x / ", launch_.cluster, "u)"));
       break;
     default:
-      w_.Linef("const int kiln_lane = threadIdx.x / ", kColumnPoints, ";");
-      w_.Open(absl::StrCat("for (idx_t kiln_p = static_cast<idx_t>(blockIdx.x) * ", kColumnPoints,
+      w_.Linef("const int kiln_lane = threadIdx.x / ", column_points_, ";");
+      w_.Open(absl::StrCat("for (idx_t kiln_p = static_cast<idx_t>(blockIdx.x) * ", column_points_,
                            "; kiln_p < ", rows_code, "; kiln_p += static_cast<idx_t>(gridDim.x) * ",
-                           kColumnPoints, ")"));
-      w_.Linef("const idx_t kiln_u = kiln_p + threadIdx.x % ", kColumnPoints, ";");
+                           column_points_, ")"));
+      w_.Linef("const idx_t kiln_u = kiln_p + threadIdx.x % ", column_points_, ";");
       w_.Linef("const bool kiln_active = kiln_u < ", rows_code, ";");
       break;
   }

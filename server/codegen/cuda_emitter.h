@@ -74,7 +74,9 @@
 //     cast<f16/bf16>(x) narrows x once. Division by a row's softmax sum or Welford count is
 //     x * (1 / s) with the reciprocal once per row (within 1.5 ulp of x / s; s >= 1, 0 or NaN).
 //   * kColumn: reductions whose loads are contiguous across outer points (column sums): a block
-//     serves 32 consecutive points with block/32 threads each; partials meet in shared memory.
+//     serves P consecutive points with block/P threads each; partials meet in shared memory (a
+//     tree over the threads of a point). P = 32, or down to 32 bytes of the narrowest coalesced
+//     load when there are fewer points than blocks for the SMs (2048 bf16 points: P = 16).
 //   * kClusterRow (sm_90+, static lengths; cuda_long_rows.h decides): kBlockPerRow with a row
 //     spread over the `cluster` blocks of a thread-block cluster (__cluster_dims__(cluster, 1, 1),
 //     __launch_bounds__(block, 1024 / block)), lane = rank * block + threadIdx.x of a group of

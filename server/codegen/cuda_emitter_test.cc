@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <string>
+#include <tuple>
 
 #include "absl/strings/match.h"
 #include "gtest/gtest.h"
@@ -249,28 +250,44 @@ TEST(CudaEmitterGolden, ColumnSumMeetsInSharedMemory) {
 extern "C" __global__ void __launch_bounds__(1024) kiln_kernel_0(const float* __restrict__ b0, float* __restrict__ b1) {
   using idx_t = int32_t;
   alignas(16) __shared__ unsigned char kiln_smem[4096];
-  const int kiln_lane = threadIdx.x / 32;
-  for (idx_t kiln_p = static_cast<idx_t>(blockIdx.x) * 32; kiln_p < 512; kiln_p += static_cast<idx_t>(gridDim.x) * 32) {
-    const idx_t kiln_u = kiln_p + threadIdx.x % 32;
+  const int kiln_lane = threadIdx.x / 8;
+  for (idx_t kiln_p = static_cast<idx_t>(blockIdx.x) * 8; kiln_p < 512; kiln_p += static_cast<idx_t>(gridDim.x) * 8) {
+    const idx_t kiln_u = kiln_p + threadIdx.x % 8;
     const bool kiln_active = kiln_u < 512;
     const idx_t o0 = kiln_u;
     float acc0 = 0;
     // phase 0
     if (kiln_active) {
 #pragma unroll 8
-      for (idx_t kiln_r = kiln_lane; kiln_r < 4096; kiln_r += 32) {
+      for (idx_t kiln_r = kiln_lane; kiln_r < 4096; kiln_r += 128) {
         const idx_t r0 = kiln_r;
         const float v0 = b0[o0 + r0 * 512];
         acc0 += v0;
       }
     }
-    acc0 = kiln_cuda::column_allreduce(acc0, kiln_cuda::SumOp(), kiln_smem, 32);
+    acc0 = kiln_cuda::column_allreduce(acc0, kiln_cuda::SumOp(), kiln_smem, 8);
     if (kiln_active && kiln_lane == 0) {
       b1[o0] = acc0;
     }
   }
 }
 )cu");
+}
+
+// Points per block of a column reduction: 32 while there are blocks enough for the SMs (132
+// here), else halved down to 32 bytes of the loads per row (f32: 8 points) with more threads per
+// point; the threads of a point fold as a tree (column_allreduce) whatever their number.
+TEST(CudaEmitter, ColumnReductionsNarrowTheirBlocksWhenPointsAreFew) {
+  for (const auto& [cols, points, block] : std::vector<std::tuple<int64_t, int, int>>{
+           {65536, 32, 256}, {8192, 32, 1024}, {4096, 16, 1024}, {512, 8, 1024}, {64, 8, 1024}}) {
+    CudaLaunch launch;
+    const std::string src = EmitOne(kt::ColumnSum(4096, cols), true, &launch);
+    EXPECT_EQ(launch.layout, CudaLayout::kColumn) << cols;
+    EXPECT_EQ(launch.block, block) << cols;
+    EXPECT_EQ(launch.work_per_block, points) << cols;
+    EXPECT_EQ(Count(src, absl::StrCat("kiln_u = kiln_p + threadIdx.x % ", points, ";")), 1) << src;
+    EXPECT_EQ(Count(src, absl::StrCat("kiln_smem, ", points, ");")), 1) << src;
+  }
 }
 
 // The vectorized softmax: phase 0 loads each row once with 16-byte loads into registers, phase 1

@@ -47,7 +47,7 @@ using kernel::StmtKind;
 using kernel::Var;
 using kernel::VarKind;
 
-constexpr int kColumnPoints = 32;    // kColumn: consecutive outer points per block
+constexpr int kColumnPoints = 32;    // kColumn: consecutive outer points per block, at most
 constexpr int kRowsBlock = 256;      // kWarpPerRow block size
 constexpr int kThreadsPerSm = 2048;
 
@@ -213,6 +213,8 @@ class CudaKernelEmitter : public CpuKernelEmitter {
 
   // ---- rows: layout choice (cuda_emit_row_layout.cc) ----
   bool IsColumnReduction() const;
+  // kColumn: bytes of the narrowest load that is coalesced across points (8 if none).
+  int NarrowestColumnLoad() const;
   // The layout of a row kernel of `rows` outer points (total_c: its static reduction length),
   // and what comes with it: launch_ (but the final max_grid of row layouts, set by EmitRows),
   // group_, smem_bytes_, and the long rows' shape.
@@ -340,6 +342,7 @@ class CudaKernelEmitter : public CpuKernelEmitter {
   std::string local_vec_array_, local_vec_;  // pass B: a shared array's chunk read into a local
   CudaLaunch launch_;
   int group_ = 1;        // threads per row
+  int column_points_ = kColumnPoints;  // kColumn: consecutive outer points per block
   int smem_bytes_ = 0;   // static shared memory for the all-reduce
   int pub_offset_ = 0;   // kClusterRow: where the published slots start in kiln_smem
   int width_ = 1;        // vector width of the row path being emitted
