@@ -34,7 +34,9 @@ command stays under a 10-minute limit; --sections splits a run):
 
 Timing: on CUDA, torch.cuda.Event pairs around each call, enqueued back to back, median of --iters
 calls after warm-up (host overhead shows whenever the host is slower than the GPU); on CPU,
-time.perf_counter per call. On --device cpu every figure is a smoke-test figure only (bandwidths
+time.perf_counter per call. Section b times its three backends in 5 rounds that take turns (the
+order reversed every other round), so that a change in the host's load during a row reaches all
+three. On --device cpu every figure is a smoke-test figure only (bandwidths
 and ratios there mean nothing for the GPU targets).
 
 Targets printed next to the figures: memory-bound kernels >= 85% of copy bandwidth; softmax >= 1.5x
@@ -370,7 +372,8 @@ def section_b(args, address, problems):
     import torch
 
     log(f"## (b) Models: step time ({args.dtype}{' autocast' if args.dtype == 'bf16' else ''}; "
-        f"median of {args.iters_b} steps after {args.warmup_b} warm-up)")
+        f"median of {args.iters_b} steps after {args.warmup_b} warm-up, in {args.rounds_b} rounds that "
+        f"alternate the backends)")
     log("")
     names = [n for n in gm.MODEL_NAMES if not args.only or n in args.only]
     ratios = []
@@ -410,9 +413,8 @@ def section_b(args, address, problems):
                     first[b] = time.perf_counter() - t1
                     firsts_out[b] = out.detach().float()
                     runs[b] = (run, case)
-                times = {}
-                for b in backends:
-                    times[b] = gm.time_calls(runs[b][0], args.device, args.iters_b, warmup=args.warmup_b)[0]
+                times = gm.interleaved_medians({b: runs[b][0] for b in backends}, args.device, args.iters_b,
+                                               args.rounds_b, warmup=args.warmup_b)
                 after = gm.kiln_facts()
                 eager_ran = (after["eager_calls"] or 0) > 0 or (facts["graph_fallbacks"] or 0) > 0
                 e, k = firsts_out["eager"], firsts_out["kiln"]
@@ -522,6 +524,7 @@ def main():
     args.iters_a = args.iters or (10 if args.quick else 50)
     args.iters_b = args.iters or (5 if args.quick else 20)
     args.warmup_b = 2 if args.quick else 3
+    args.rounds_b = 1 if args.quick else 5
     args.scale = 64 if args.quick else 1
 
     import torch

@@ -797,11 +797,35 @@ def split_seconds(before, after):
 def time_calls(fn, device, iters, warmup=3):
     """Median and min ms per call. CUDA: events recorded around each call, enqueued back to back
     (host overhead shows whenever the host is slower than the GPU); CPU: perf_counter per call."""
-    import torch
-
     for _ in range(warmup):
         fn()
     sync(device)
+    times = call_times(fn, device, iters)
+    return statistics.median(times), min(times)
+
+
+def interleaved_medians(fns, device, iters, rounds, warmup=3):
+    """{name: median ms per call} of fns ({name: fn}) timed in `rounds` rounds of iters / rounds
+    calls each, the functions taking turns within a round (in reverse order every other round), so
+    that a change in the host's load over the run reaches every function alike."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    sync(device)
+    rounds = max(1, min(rounds, iters))
+    samples = {name: [] for name in fns}
+    order = list(fns)
+    for r in range(rounds):
+        per = iters // rounds + (1 if r < iters % rounds else 0)
+        for name in (order if r % 2 == 0 else order[::-1]):
+            samples[name] += call_times(fns[name], device, per)
+    return {name: statistics.median(t) for name, t in samples.items()}
+
+
+def call_times(fn, device, iters):
+    """ms of each of `iters` calls of fn (see time_calls)."""
+    import torch
+
     if str(device).startswith("cuda"):
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
@@ -810,14 +834,13 @@ def time_calls(fn, device, iters, warmup=3):
             fn()
             e.record()
         torch.cuda.synchronize()
-        times = [s.elapsed_time(e) for s, e in zip(starts, ends)]
-    else:
-        times = []
-        for _ in range(iters):
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times), min(times)
+        return [s.elapsed_time(e) for s, e in zip(starts, ends)]
+    times = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return times
 
 
 def kernel_table(run, calls):
