@@ -35,32 +35,24 @@ constexpr int kStrideN = C * HW, kStrideH = W * C, kStrideW = C;
 
 __device__ __forceinline__ float bf16(uint16_t b) { return __uint_as_float(uint32_t{b} << 16); }
 
-struct Div {  // Welford as kiln had it
+// Welford's per-element update with the mean step's division as `Divide` does it.
+template <class Divide> struct Welford {
   float mean = 0, m2 = 0, count = 0;
   __device__ __forceinline__ void Update(float x) {
     count += 1.f;
     const float d = x - mean;
-    mean += d / count;
+    mean += Divide()(d, count);
     m2 += d * (x - mean);
   }
+};
+struct Div {  // as kiln had it
+  __device__ __forceinline__ float operator()(float a, float b) const { return a / b; }
 };
 struct RcpRn {
-  float mean = 0, m2 = 0, count = 0;
-  __device__ __forceinline__ void Update(float x) {
-    count += 1.f;
-    const float d = x - mean;
-    mean += d * __frcp_rn(count);
-    m2 += d * (x - mean);
-  }
+  __device__ __forceinline__ float operator()(float a, float b) const { return a * __frcp_rn(b); }
 };
 struct FDivide {
-  float mean = 0, m2 = 0, count = 0;
-  __device__ __forceinline__ void Update(float x) {
-    count += 1.f;
-    const float d = x - mean;
-    mean += __fdividef(d, count);
-    m2 += d * (x - mean);
-  }
+  __device__ __forceinline__ float operator()(float a, float b) const { return __fdividef(a, b); }
 };
 
 // The lanes' (mean, M2, count) of one point folded in lane order (Chan et al.), by lane 0.
@@ -79,15 +71,15 @@ __device__ void FoldAndStore(float (*sm)[1024], int point_slot, int u, float* me
   m2_out[u] = m2;
 }
 
-template <class Acc, bool kFlat>
-__global__ void __launch_bounds__(1024) Welford(const uint16_t* __restrict__ x, float* __restrict__ mean,
-                                                float* __restrict__ m2) {
+template <class Divide, bool kFlat>
+__global__ void __launch_bounds__(1024) Columns(const uint16_t* __restrict__ x, float* __restrict__ mean,
+                                  float* __restrict__ m2) {
   __shared__ float sm[3][1024];
   const int lane = threadIdx.x / 32;
   for (int p = blockIdx.x * 32; p < N * C; p += gridDim.x * 32) {
     const int u = p + threadIdx.x % 32;
     const int c = u % C, n = u / C;
-    Acc acc;
+    Welford<Divide> acc;
 #pragma unroll 8
     for (int r = lane; r < HW; r += 32) {
       int at;
@@ -204,14 +196,14 @@ int main() {
     }
     std::printf("%-26s %7.1f us  %5.2f TB/s read   vs div: mean %.1e, M2 %.1e\n", name, us, n * 2 / us / 1e6, dm, dv);
   };
-  const float base = MedianUs([&] { Welford<Div, false><<<grid, 1024>>>(x, ref_mean, ref_m2); });
+  const float base = MedianUs([&] { Columns<Div, false><<<grid, 1024>>>(x, ref_mean, ref_m2); });
   cudaMemcpy(mean, ref_mean, N * C * 4, cudaMemcpyDeviceToDevice);
   cudaMemcpy(m2, ref_m2, N * C * 4, cudaMemcpyDeviceToDevice);
   check("div (kiln before)", base);
-  check("rcp_rn", MedianUs([&] { Welford<RcpRn, false><<<grid, 1024>>>(x, mean, m2); }));
-  check("fdividef (kiln now)", MedianUs([&] { Welford<FDivide, false><<<grid, 1024>>>(x, mean, m2); }));
-  check("div, flat", MedianUs([&] { Welford<Div, true><<<grid, 1024>>>(x, mean, m2); }));
-  check("fdividef, flat", MedianUs([&] { Welford<FDivide, true><<<grid, 1024>>>(x, mean, m2); }));
+  check("rcp_rn", MedianUs([&] { Columns<RcpRn, false><<<grid, 1024>>>(x, mean, m2); }));
+  check("fdividef (kiln now)", MedianUs([&] { Columns<FDivide, false><<<grid, 1024>>>(x, mean, m2); }));
+  check("div, flat", MedianUs([&] { Columns<Div, true><<<grid, 1024>>>(x, mean, m2); }));
+  check("fdividef, flat", MedianUs([&] { Columns<FDivide, true><<<grid, 1024>>>(x, mean, m2); }));
   check("sums, flat", MedianUs([&] { ShiftedSums<1><<<grid, 1024>>>(x, mean, m2); }));
   check("sums, flat, bf16x2", MedianUs([&] { ShiftedSums<2><<<grid / 2, 1024>>>(x, mean, m2); }));
   const float memcpy_us = MedianUs([&] { cudaMemcpyAsync(copy, x, n * 2, cudaMemcpyDeviceToDevice); });

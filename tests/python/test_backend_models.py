@@ -204,9 +204,9 @@ def test_models_compile_then_hit_the_cache_and_run_kernels(name):
 def test_batch_norm_running_statistics_are_updated_by_the_plan(server, monkeypatch, cuda_graphs):
     """A training forward updates batch norm's buffers (running mean, variance, batches tracked).
     By default the graph keeps those updates (copy_ nodes, as Inductor's do) and the plan runs them
-    at once (one torch._foreach_copy_, kiln._exec_aten.merge_copies); with the cuda_graphs option,
-    which does not capture graphs that mutate their inputs, AOTAutograd copies them after the
-    graph. Either way the buffers match eager's after every step."""
+    together (a torch._foreach_copy_ per dtype, kiln._exec_aten.merge_copies); with the cuda_graphs
+    option, which does not capture graphs that mutate their inputs, AOTAutograd copies them after
+    the graph. Either way the buffers match eager's after every step."""
     merged = []
     real = kiln.executor.merge_copies
 

@@ -125,9 +125,9 @@ def make_aot(compiler_for_kind, prefetch_backward=None, keep_input_mutations=Tru
 
     keep_input_mutations: a graph that updates an input which needs no gradient (batch norm's
     running statistics) ends with `aten.copy_(input, new value)` nodes, as with Inductor, and the
-    plan runs them together (one torch._foreach_copy_); else AOTAutograd copies each one after the
-    graph ran (one copy_ call each: 159 a ResNet-50 training step). Off with the cuda_graphs
-    option, which does not capture graphs that mutate their inputs."""
+    plan runs them together (a torch._foreach_copy_ per dtype); else AOTAutograd copies each one
+    after the graph ran (one copy_ call each: 159 a ResNet-50 training step). Off with the
+    cuda_graphs option, which does not capture graphs that mutate their inputs."""
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch.partitioners import min_cut_rematerialization_partition
 

@@ -523,7 +523,7 @@ class _Program(_WorkspaceMixin, _AtenMixin, _KernelMixin):
 
     def __call__(self, inputs):
         if self.cuda_device is not None and _CUDA_CURRENT() != self.cuda_device.index:
-            with torch.cuda.device(self.cuda_device.index):  # what the fast allocations use
+            with _device_guard(self.cuda_device.index):  # what the fast allocations use
                 return self(inputs)
         if len(inputs) < self.num_inputs:
             raise PlanError(f"the plan takes {self.num_inputs} inputs, got {len(inputs)}")
@@ -588,7 +588,7 @@ class _Program(_WorkspaceMixin, _AtenMixin, _KernelMixin):
         torch.empty_strided: a ResNet-50 training step allocates ~570 tensors): on the CPU, or on
         the program's CUDA device, which __call__ makes current."""
         fast = _FAST_EMPTY.get(device.type)
-        if fast is not None and (device.type == "cpu" or device == self.device == self.cuda_device):
+        if fast is not None and (device.type == "cpu" or device == self.cuda_device):
             return functools.partial(fast, meta[0], meta[1], dtype)
         return functools.partial(torch.empty_strided, meta[0], meta[1], dtype=dtype, device=device)
 

@@ -317,9 +317,9 @@ def test_tuple_items_returned_as_none_are_fine_until_read():
 
 
 def test_input_updates_at_the_end_run_as_foreach_copies_per_dtype(monkeypatch):
-    # A forward that updates three inputs (as batch norm's running statistics), the way AOTAutograd
+    # A forward that updates two inputs (as batch norm's running statistics), the way AOTAutograd
     # leaves them with keep_inference_input_mutations: copy_(input, new value) after the compute.
-    # The fourth copy writes into the second's source, so it starts a new run (a lone copy_).
+    # The third copy writes into the first's source, so it starts a new run (a lone copy_).
     def build():
         plan = proto.Plan(num_inputs=3)
         x, rm, nbt = (value(plan, s, PV.STORAGE_INPUT, i, dtype=d)
