@@ -19,6 +19,8 @@ command stays under a 10-minute limit; --sections splits a run):
      GPT block (matmul attention and SDPA), ResNet-18, ResNet-50, BERT layer; inference (eval,
      no_grad) and training (forward + loss + backward + SGD step); bf16 autocast by default
      (--dtype fp32 for fp32); eager, Inductor, kiln; geomean of Inductor time / kiln time.
+     --graphs compares the CUDA-graph modes instead: Inductor's mode="reduce-overhead" against
+     kiln's option cuda_graphs (eager stays plain).
   c  cold compile and warm start, each in a NEW process, for an LN + MLP + softmax block (training:
      forward + backward, fp32) and ResNet-50 fp16 inference (model.half(), eval):
        Inductor cold: fresh TORCHINDUCTOR_CACHE_DIR (Triton's cache inside it; remote caches off)
@@ -371,20 +373,23 @@ def section_b(args, address, problems):
 
     import torch
 
+    graphs = getattr(args, "graphs", False)
     log(f"## (b) Models: step time ({args.dtype}{' autocast' if args.dtype == 'bf16' else ''}; "
         f"median of {args.iters_b} steps after {args.warmup_b} warm-up, in {args.rounds_b} rounds that "
-        f"alternate the backends)")
+        f"alternate the backends)" + ("; CUDA-graph modes: Inductor mode=\"reduce-overhead\", kiln "
+                                      "cuda_graphs=1" if graphs else ""))
     log("")
     names = [n for n in gm.MODEL_NAMES if not args.only or n in args.only]
     ratios = []
     rows = gm.StreamTable(["model", "mode", "size", "eager ms", "Inductor ms", "kiln ms", "kiln vs Inductor",
                            "kiln vs eager", "Inductor 1st call s", "kiln 1st call s",
-                           "kiln graphs/eager/kernels/op fallbacks", "kiln vs eager rel diff (1st)"])
+                           "kiln graphs/eager/kernels/op fallbacks", "kiln vs eager rel diff (1st)"]
+                          + (["kiln CUDA graphs captured/replays/busy"] if graphs else []))
     for name in names:
         for mode in ("inference", "training"):
             t0 = time.time()
             if over_budget(args, EST_B.get((name, mode), 30), "b"):
-                rows.append([name, mode] + ["-"] * 9 + ["skipped: --time-budget"])
+                rows.append([name, mode] + ["-"] * 9 + ["skipped: --time-budget"] + (["-"] if graphs else []))
                 args.skipped.append(f"(b) {name}/{mode}")
                 continue
             gm.reset_kiln()
@@ -397,8 +402,12 @@ def section_b(args, address, problems):
                 facts = None
                 for b in backends:
                     case = copy.deepcopy(base)
-                    wrap = {"eager": lambda m: m, "inductor": torch.compile,
-                            "kiln": lambda m: gm.compile_kiln(m, address, timeout=args.kiln_timeout)}[b]
+                    kiln_extra = {"cuda_graphs": True} if graphs else None
+                    wrap = {"eager": lambda m: m,
+                            "inductor": (lambda m: torch.compile(m, mode="reduce-overhead")) if graphs
+                            else torch.compile,
+                            "kiln": lambda m: gm.compile_kiln(m, address, timeout=args.kiln_timeout,
+                                                              extra=kiln_extra)}[b]
                     run = model_runner(case, mode, args.dtype, args.device, wrap)
                     t1 = time.perf_counter()
                     if b == "kiln":
@@ -411,7 +420,7 @@ def section_b(args, address, problems):
                         out = run()
                         gm.sync(args.device)
                     first[b] = time.perf_counter() - t1
-                    firsts_out[b] = out.detach().float()
+                    firsts_out[b] = out.detach().float().clone()  # a CUDA graph's output is overwritten
                     runs[b] = (run, case)
                 times = gm.interleaved_medians({b: runs[b][0] for b in backends}, args.device, args.iters_b,
                                                args.rounds_b, warmup=args.warmup_b)
@@ -437,10 +446,12 @@ def section_b(args, address, problems):
                              f"**{ratio:.2f}x**" if ratio else "-", f"{times['eager'] / times['kiln']:.2f}x",
                              f"{first.get('inductor', float('nan')):.1f}" if ind else "-", f"{first['kiln']:.1f}",
                              f"{facts['graphs']}/{facts['graph_fallbacks']}/{facts.get('kernel_steps', '-')}"
-                             f"/{facts['op_fallbacks']}", f"{rel:.1e}{flag}"])
+                             f"/{facts['op_fallbacks']}", f"{rel:.1e}{flag}"]
+                            + ([f"{after['cuda_graph_captures']}/{after['cuda_graph_replays']}/"
+                                f"{after.get('cuda_graph_busy') or 0}"] if graphs else []))
                 del runs, base
             except Exception as ex:
-                rows.append([name, mode] + ["-"] * 9 + [f"ERROR {type(ex).__name__}"])
+                rows.append([name, mode] + ["-"] * 9 + [f"ERROR {type(ex).__name__}"] + (["-"] if graphs else []))
                 problems.append(f"(b) {label}: {type(ex).__name__}: {str(ex)[:500]}")
             if args.verbose:
                 print(f"[{time.time() - t0:.1f} s] {label}", file=sys.stderr, flush=True)
@@ -472,6 +483,9 @@ def main():
     ap.add_argument("--kilnd-flag", action="append", default=[], help="extra kilnd flag (repeatable)")
     ap.add_argument("--kiln-option", action="append", default=[], metavar="KEY=VALUE",
                     help="extra torch.compile(backend='kiln') option (repeatable), e.g. cuda_graphs=1")
+    ap.add_argument("--graphs", action="store_true",
+                    help="section b: CUDA-graph modes, Inductor mode=\"reduce-overhead\" against kiln option "
+                         "cuda_graphs=1 (eager stays plain)")
     ap.add_argument("--no-kiln-compile", action="store_true", help="section c: skip the kiln.compile rows")
     ap.add_argument("--kiln-compile-only", action="store_true",
                     help="section c: of kiln's rows only kiln.compile cold and warm (no backend=\"kiln\" rows, "

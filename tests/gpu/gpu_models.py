@@ -280,6 +280,7 @@ def kiln_facts(captured_warnings=(), exclude=()):
         "client_time_s": dict(s.get("client_time_s", {})),
         "kernel_steps_by_device": s.get("kernel_steps_by_device"),
         "cuda_graph_captures": s.get("cuda_graph_captures"), "cuda_graph_replays": s.get("cuda_graph_replays"),
+        "cuda_graph_busy": s.get("cuda_graph_busy"),
         "plans": None, "kernel_steps": None, "aten_steps": None, "library_steps": None,
         "fallback_ops": {}, "eager_graphs": [],
         "warnings": [str(w.message) for w in captured_warnings],
@@ -328,7 +329,8 @@ def facts_line(f):
         parts.append("kernel steps by device: " + ", ".join(f"{k} {v}" for k, v in by_dev.items()))
     calls = f"calls: plan {f['plan_calls']}, eager {f['eager_calls']}"
     if f.get("cuda_graph_captures") or f.get("cuda_graph_replays"):
-        calls += f", CUDA graph captures {f['cuda_graph_captures']} / replays {f['cuda_graph_replays']}"
+        calls += (f", CUDA graph captures {f['cuda_graph_captures']} / replays {f['cuda_graph_replays']}"
+                  f" / busy {f.get('cuda_graph_busy') or 0}")
     parts.append(calls)
     return "; ".join(parts)
 

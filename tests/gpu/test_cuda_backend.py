@@ -319,10 +319,10 @@ def test_cuda_graph_mode(server):
     # inference: call 1 warms up, call 2 captures, calls 3-5 replay (4 replays with the capture's).
     # training: the forward warms up at step 0, captures at step 1, replays at step 2. The backward
     # warms up at step 0 AND at step 1: once the forward replays, the backward's saved inputs are
-    # the graph's copied-out outputs instead of views of the parameters (another capture key), so
-    # it captures only at step 2. Measured on the H200: (captures, replays) after each call
+    # in the forward graph's memory, read in place (another capture key), so it captures only at
+    # step 2. Measured on the H200 (session 16): (captures, replays) after each call
     # inference 0..4: (0,0) (1,1) (1,2) (1,3) (1,4); fw/bw 0: (1,4) (1,4); 1: (2,5) (2,5); 2: (2,6) (3,7).
-    assert s["cuda_graph_captures"] == 3, " ".join(map(str, trail))
+    assert s["cuda_graph_captures"] == 3 and s["cuda_graph_busy"] == 0, " ".join(map(str, trail))
     assert s["cuda_graph_replays"] == 4 + 2 + 1, " ".join(map(str, trail))
 
 
@@ -339,6 +339,35 @@ def test_cuda_graph_mode_with_new_input_buffers_each_call(server):
         torch.testing.assert_close(got, norm_block(x, w, b), **F32)
     s = kiln.stats()
     assert s["cuda_graph_captures"] == 1 and s["cuda_graph_replays"] == 3, s
+
+
+def test_cuda_graph_mode_captures_batch_norm_updates(server):
+    """Training with cuda_graphs: the forward, which updates batch norm's running statistics (copy_
+    nodes at the graph's end), is captured with them; every call updates the buffers once, as
+    eager does, and the gradients match."""
+    import copy
+
+    torch.manual_seed(3)
+    eager = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8),
+                                torch.nn.ReLU()).cuda()
+    model = copy.deepcopy(eager)
+    compiled = torch.compile(model, backend="kiln", options={"server": server.address, "cuda_graphs": True})
+    for step in range(4):
+        x = torch.randn(4, 3, 16, 16, device="cuda")
+        for fn in (eager, compiled):
+            fn(x).pow(2).mean().backward()
+        for a, b in zip(eager.buffers(), model.buffers()):
+            torch.testing.assert_close(b, a, **F32)
+        for p, q in zip(eager.parameters(), model.parameters()):
+            torch.testing.assert_close(q.grad, p.grad, **F32_GRAD)
+            p.grad = q.grad = None
+    assert model[1].num_batches_tracked.item() == 4
+    s = assert_compiled_on_cuda(expect_graphs=2)
+    # forward: warm-up at step 0, captured at step 1 (its first replay), replays at steps 2 and 3;
+    # backward: captured at step 2 (see test_cuda_graph_mode), replayed at steps 2 and 3. Each
+    # forward replay found the previous one's saved tensors released (cuda_graph_busy).
+    assert s["cuda_graph_captures"] == 2 and s["cuda_graph_replays"] == 3 + 2, s
+    assert s["cuda_graph_busy"] == 0, s
 
 
 def test_kiln_compile_package_prewarms_its_convolutions(server):

@@ -200,13 +200,39 @@ def test_models_compile_then_hit_the_cache_and_run_kernels(name):
         assert fresh_server.stop() == 0
 
 
+def test_training_forward_lists_its_saved_tensors(server):
+    """A training forward's Graph.saved_outputs (not hashed) lists the outputs the backward takes
+    that are neither graph inputs nor user outputs: what cuda_graphs keeps in a captured forward's
+    memory for the backward to read in place."""
+    import gc
+
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    compiled = torch.compile(model, backend="kiln", options={"server": server.address})
+    compiled(torch.randn(5, 8)).sum().backward()
+    graphs = {}
+    for o in gc.get_objects():
+        if issubclass(type(o), kiln.backend.CompiledGraph):
+            for spec in o.specs:
+                graphs[spec.executor.graph.kind] = spec.executor.graph
+    forward, backward = graphs[proto.GRAPH_KIND_FORWARD], graphs[proto.GRAPH_KIND_BACKWARD]
+    outputs = [n for n in forward.nodes if n.op == proto.Node.OP_OUTPUT][0].args[0].list.items
+    names = {i: item.node for i, item in enumerate(outputs) if item.WhichOneof("value") == "node"}
+    placeholders = {n.name for n in forward.nodes if n.op == proto.Node.OP_PLACEHOLDER}
+    saved = list(forward.saved_outputs)
+    assert saved and 0 not in saved, saved  # output 0 is the model's result
+    assert all(names[i] not in placeholders for i in saved)
+    # The backward takes each of them (and then the tangent).
+    assert len([n for n in backward.nodes if n.op == proto.Node.OP_PLACEHOLDER]) >= len(saved) + 1
+    assert list(backward.saved_outputs) == []
+
+
 @pytest.mark.parametrize("cuda_graphs", [False, True])
 def test_batch_norm_running_statistics_are_updated_by_the_plan(server, monkeypatch, cuda_graphs):
     """A training forward updates batch norm's buffers (running mean, variance, batches tracked).
     By default the graph keeps those updates (copy_ nodes, as Inductor's do) and the plan runs them
-    together (a torch._foreach_copy_ per dtype, kiln._exec_aten.merge_copies); with the cuda_graphs
-    option, which does not capture graphs that mutate their inputs, AOTAutograd copies them after
-    the graph. Either way the buffers match eager's after every step."""
+    together (a torch._foreach_copy_ per dtype, kiln._exec_aten.merge_copies), with the cuda_graphs
+    option too (it changes neither the graphs nor their keys; on CPU it captures nothing). The
+    buffers match eager's after every step."""
     merged = []
     real = kiln.executor.merge_copies
 
@@ -231,7 +257,7 @@ def test_batch_norm_running_statistics_are_updated_by_the_plan(server, monkeypat
     s = kiln.stats()
     assert s["graph_fallbacks"] == 0 and s["op_fallbacks"] == 0 and s["eager_calls"] == 0
     # forward: the three buffer updates in one run; backward: none.
-    assert sorted(merged) == ([[], []] if cuda_graphs else [[], [3]]), merged
+    assert sorted(merged) == [[], [3]], merged
 
 
 def test_optimizer_step_captured_by_dynamo(server):

@@ -96,8 +96,7 @@ def kiln_backend(gm, example_inputs, options=None, mode=None, **unused):
         return _eager_dynamo_graph(gm, fn, opts)
 
     session = _Session(opts, fn)
-    aot = make_aot(session.compiler, prefetch_backward=session.prefetch_backward,
-                   keep_input_mutations=not opts.cuda_graphs)
+    aot = make_aot(session.compiler, prefetch_backward=session.prefetch_backward)
     try:
         if session.aot_cached:
             with aot_cache.caching(session):
@@ -115,7 +114,7 @@ def kiln_backend(gm, example_inputs, options=None, mode=None, **unused):
 kiln_backend.reset = reset
 
 
-def make_aot(compiler_for_kind, prefetch_backward=None, keep_input_mutations=True):
+def make_aot(compiler_for_kind, prefetch_backward=None):
     """The AOTAutograd backend kiln uses (kiln.precompile too, so that both capture the same
     graphs): min-cut partitioner, no extra decompositions; compiler_for_kind(GRAPH_KIND_*) gives
     the compiler of each graph kind. The joint graph loses its detach nodes before min-cut sees
@@ -123,11 +122,11 @@ def make_aot(compiler_for_kind, prefetch_backward=None, keep_input_mutations=Tru
     training graph's backward graph as soon as the partitioner returns it (before the forward is
     compiled); what it raises is logged at debug level and ignored.
 
-    keep_input_mutations: a graph that updates an input which needs no gradient (batch norm's
-    running statistics) ends with `aten.copy_(input, new value)` nodes, as with Inductor, and the
-    plan runs them together (a torch._foreach_copy_ per dtype); else AOTAutograd copies each one
-    after the graph ran (one copy_ call each: 159 a ResNet-50 training step). Off with the
-    cuda_graphs option, which does not capture graphs that mutate their inputs."""
+    A graph that updates an input which needs no gradient (batch norm's running statistics) ends
+    with `aten.copy_(input, new value)` nodes (keep_inference_input_mutations, as with Inductor),
+    and the plan runs them together (a torch._foreach_copy_ per dtype), where AOTAutograd would
+    copy each one after the graph ran (159 copy_ calls a ResNet-50 training step). The
+    cuda_graphs option captures them with the rest of the graph."""
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch.partitioners import min_cut_rematerialization_partition
 
@@ -137,7 +136,7 @@ def make_aot(compiler_for_kind, prefetch_backward=None, keep_input_mutations=Tru
     return aot_autograd(fw_compiler=compiler_for_kind(proto.GRAPH_KIND_FORWARD),
                         bw_compiler=compiler_for_kind(proto.GRAPH_KIND_BACKWARD),
                         inference_compiler=compiler_for_kind(proto.GRAPH_KIND_INFERENCE),
-                        partition_fn=partition_fn, keep_inference_input_mutations=keep_input_mutations)
+                        partition_fn=partition_fn, keep_inference_input_mutations=True)
 
 
 def _without_detaches(partition_fn):

@@ -13,9 +13,10 @@ Counted once per graph (not per call):
   library_steps    vendor-library steps (LibraryStep: cuBLASLt GEMMs of CUDA plans), per loaded plan
   eager_calls      calls of graphs that ran eagerly (every call)
   plan_calls       calls that ran a compiled plan (every call)
-  cuda_graph_captures, cuda_graph_replays
-                   CUDA-graph mode (option cuda_graphs): graphs captured, and plan calls served by
-                   a replay (the capturing call included)
+  cuda_graph_captures, cuda_graph_replays, cuda_graph_busy
+                   CUDA-graph mode (option cuda_graphs): graphs captured, plan calls served by a
+                   replay (the capturing call included), and calls that ran without their graph
+                   because what its previous replay left in its memory was still in use
   backward_prefetches
                    backward graphs sent to Compile ahead of their first backward (option
                    prefetch_backward; for symbolic graphs, once more per new shape); not counted in graphs or requests: the backward compiler's
@@ -60,6 +61,7 @@ def _fresh():
         "plan_calls": 0,
         "cuda_graph_captures": 0,
         "cuda_graph_replays": 0,
+        "cuda_graph_busy": 0,
         "backward_prefetches": 0,
         "packages": {"loaded": 0, "captured": 0, "stored": 0, "misses": 0, "stale": 0,
                      "guard_misses": 0, "errors": 0},

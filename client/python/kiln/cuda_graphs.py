@@ -4,10 +4,12 @@
 running the plan's steps one by one on every call, replays a ``torch.cuda.CUDAGraph`` of them.
 
 Calls are keyed by the inputs' signature (dtype, sizes, strides and device of each tensor, the
-values of the other inputs) and the data pointers of the *static-address* inputs: nn.Parameters and
-tensors marked with torch._dynamo.mark_static_address. The graph reads those in place. Every other
-tensor input is copied into a static buffer with the same sizes and strides before each replay
-(one device-to-device copy of the memory the input spans, as torch's own cudagraphs copy
+values of the other inputs) and the data pointers of the *static-address* inputs: nn.Parameters,
+tensors marked with torch._dynamo.mark_static_address, the saved tensors that a captured training
+forward keeps in its memory (below) and the static-address inputs it returns for its backward.
+The graph reads those in place. Every
+other tensor input is copied into a static buffer with the same sizes and strides before each
+replay (one device-to-device copy of the memory the input spans, as torch's own cudagraphs copy
 activations).
 
   1st call of a key   the plan runs as usual (the warm-up: binaries loaded, constants moved,
@@ -18,14 +20,28 @@ activations).
 
 Outputs are copied out of the graph's memory pool after every replay, keeping their sizes,
 strides, storage offsets relative to each other and the aliasing among them, so the results of
-earlier calls stay valid (one device-to-device copy per output). Outputs that are views of an input
-(AOTAutograd's forward graphs return the inputs they save for the backward) are the same views of
-that call's input.
+earlier calls stay valid: one new buffer for all of them and one torch._foreach_copy_ of their
+bytes. Outputs that are views of an input (AOTAutograd's forward graphs return the inputs they
+save for the backward) are the same views of that call's input.
+
+A training forward's tensors saved for the backward only (Graph.saved_outputs, which the client
+fills from AOTAutograd's metadata) are not copied: the call returns them where the replay wrote
+them, in the graph's memory, and the backward, whose capture key then holds their addresses,
+reads them in place. The next replay would overwrite them, so a call first checks that none of
+what the previous replay returned there is still referenced (torch's storage use counts); if one
+is (two forwards before a backward, retain_graph), that call runs the plan without the graph.
+
+Input updates kept in the graph (batch norm's running statistics, a compiled optimizer's
+parameters: AOTAutograd's `aten.copy_(input, new value)` nodes) are captured with the rest. A
+static-address input is updated in place by each replay (its values from before the capture's
+warm-up run are put back, so that the capturing call updates it once). Any other updated input
+is copied back from its static buffer after each replay.
 
 Limits (the plan then runs without a graph, exactly as without this option; logged once):
-  * graphs with an op that mutates its arguments (input mutations kept in the graph) or with
-    collectives (c10d): never captured;
-  * an output that views an input as another dtype: that key is not captured;
+  * graphs with collectives (c10d), or with an op that writes into a view of an input (not
+    AOTAutograd's form, which writes the input itself): never captured;
+  * an output that views an input as another dtype, or an updated input (not of static address)
+    that shares its memory with another input: that key is not captured;
   * a failing capture (an op that synchronizes with the host, e.g. ``.item()`` or ``nonzero``, or
     one that is not capturable): the plan runs without a graph from then on;
   * at most ``max_graphs`` (4) captured graphs per plan; other keys run without a graph;
@@ -39,6 +55,7 @@ Limits (the plan then runs without a graph, exactly as without this option; logg
 
 import logging
 import threading
+import weakref
 
 import torch
 
@@ -55,29 +72,147 @@ class _NotCapturable(Exception):
     pass
 
 
-def graph_refusal(graph):
-    """Why a kiln.proto.Graph must not be captured (a string), or None."""
+def inspect_graph(graph):
+    """(refusal, updated) for a kiln.proto.Graph: why it must not be captured (a string, or None),
+    and the positions of the graph inputs its ops write into (a tuple)."""
     from kiln.deserialize import resolve_target
 
+    placeholders = {}
+    producers = {}  # node name -> (the op's schema or None, the node)
+    for node in graph.nodes:
+        if node.op == proto.Node.OP_PLACEHOLDER:
+            placeholders[node.name] = len(placeholders)
+    updated = set()
     for node in graph.nodes:
         if node.op != proto.Node.OP_CALL_FUNCTION:
             continue
         if "c10d" in node.target:
-            return f"node {node.name} is a collective ({node.target})"
-        if not node.target.startswith("aten.") and not node.target.startswith("prims."):
+            return f"node {node.name} is a collective ({node.target})", ()
+        schema = None
+        if node.target.startswith("aten.") or node.target.startswith("prims."):
+            try:
+                schema = getattr(resolve_target(node.target), "_schema", None)
+            except Exception:
+                schema = None
+        producers[node.name] = (schema, node)
+        if schema is None or not schema.is_mutable:
             continue
-        try:
-            op = resolve_target(node.target)
-        except Exception:
+        for name in _written_nodes(schema, node):
+            if name in placeholders:
+                updated.add(placeholders[name])
+                continue
+            viewed = _viewed_input(name, producers, placeholders)
+            if viewed is not None:
+                return (f"node {node.name} ({node.target}) writes into {name}, a view of input "
+                        f"{viewed}"), ()
+    return None, tuple(sorted(updated))
+
+
+def _arg_nodes(arg):
+    kind = arg.WhichOneof("value")
+    if kind == "node":
+        return [arg.node]
+    if kind == "list":
+        return [n for item in arg.list.items for n in _arg_nodes(item)]
+    return []
+
+
+def _written_nodes(schema, node):
+    """Names of the nodes passed to `node` where its schema writes (`Tensor(a!)` arguments)."""
+    kwargs = {kw.name: kw.value for kw in node.kwargs}
+    names = []
+    for i, a in enumerate(schema.arguments):
+        if a.alias_info is None or not a.alias_info.is_write:
             continue
-        schema = getattr(op, "_schema", None)
-        if schema is not None and schema.is_mutable:
-            return f"node {node.name} ({node.target}) mutates its arguments"
+        if i < len(node.args) and not a.kwarg_only:
+            names += _arg_nodes(node.args[i])
+        elif a.name in kwargs:
+            names += _arg_nodes(kwargs[a.name])
+    return names
+
+
+def _viewed_input(name, producers, placeholders):
+    """The name of the graph input that node `name` is a view of (through ops whose first result
+    aliases an argument: views, in-place ops), or None if it is memory of its own."""
+    for _ in range(10000):
+        if name in placeholders:
+            return name
+        schema, node = producers.get(name, (None, None))
+        if node is None:
+            return None
+        if node.target == "operator.getitem" and node.args:
+            sources = _arg_nodes(node.args[0])
+        elif schema is not None and schema.returns and schema.returns[0].alias_info is not None:
+            alias_set = schema.returns[0].alias_info.before_set
+            sources = [n for a, v in zip(schema.arguments, node.args)
+                       if a.alias_info is not None and a.alias_info.before_set & alias_set
+                       for n in _arg_nodes(v)]
+        else:
+            return None
+        if not sources:
+            return None
+        name = sources[0]
     return None
 
 
 def _is_static_address(t):
     return isinstance(t, torch.nn.Parameter) or getattr(t, "_dynamo_static_input_type", None) is not None
+
+
+# The storages whose tensors other graphs read in place (static, keyed by address), by data pointer:
+#   _KEPT_STORAGES: the saved tensors that captured forwards return in their own memory (a graph's
+#     private memory is not handed to other allocations while the graph lives, so an input whose
+#     storage starts there is that output or a view of it) -> that _Captured;
+#   _STATIC_STORAGES: the static-address inputs that captured forwards return as saved tensors
+#     (AOTAutograd may hand a backward a parameter as a plain tensor, which _is_static_address does
+#     not recognize) -> a weak reference to the storage, so that a freed one's address is forgotten.
+_KEPT_STORAGES = weakref.WeakValueDictionary()
+_STATIC_STORAGES = {}
+
+
+def _read_in_place(ptr):
+    if ptr in _KEPT_STORAGES:
+        return True
+    ref = _STATIC_STORAGES.get(ptr)
+    if ref is None:
+        return False
+    if ref.expired():
+        _STATIC_STORAGES.pop(ptr, None)
+        return False
+    return True
+
+
+def _remember_static_storages(storages):
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    for ptr, ref in list(_STATIC_STORAGES.items()):
+        if ref.expired():
+            _STATIC_STORAGES.pop(ptr, None)
+    for st in storages:
+        _STATIC_STORAGES[st.data_ptr()] = StorageWeakRef(st)
+
+
+def _static_flags(inputs):
+    """Per input: True (a static-address tensor: read in place, keyed by address), False (a tensor
+    copied into the graph's static buffer) or None (not a tensor)."""
+    lookup = len(_KEPT_STORAGES) > 0 or len(_STATIC_STORAGES) > 0
+    return tuple((_is_static_address(t) or (lookup and _read_in_place(t.untyped_storage().data_ptr())))
+                 if isinstance(t, torch.Tensor) else None for t in inputs)
+
+
+def _key(device, inputs, flags):
+    """A call's capture key: the device; per tensor input its dtype, sizes, strides and, for a
+    static-address one, its address; the other inputs' values. Raises AttributeError when an input
+    is not what `flags` says it is (then the flags are recomputed)."""
+    return device, tuple([(t.dtype, t.shape, t.stride(), t.data_ptr()) if f
+                          else (t.dtype, t.shape, t.stride()) if f is False
+                          else _value_key(t) for t, f in zip(inputs, flags)])
+
+
+def _value_key(v):
+    if isinstance(v, torch.Tensor):
+        raise AttributeError("a tensor where the flags have none")
+    return type(v).__name__, v if isinstance(v, (int, float, bool)) or v is None else id(v)
 
 
 class CudaGraphRunner:
@@ -87,7 +222,9 @@ class CudaGraphRunner:
         self.executor = executor
         self.max_graphs = max_graphs
         self.name = name
-        self.refusal = graph_refusal(executor.graph)
+        self.refusal, self.updated = inspect_graph(executor.graph)
+        self.kept_outputs = frozenset(getattr(executor.graph, "saved_outputs", ()))
+        self._flags = None  # the last _static_flags: computed again when a key is not found
         self._seen = set()
         self._graphs = {}  # key -> _Captured
         self._failed = set()  # keys whose capture failed or was refused
@@ -116,12 +253,25 @@ class CudaGraphRunner:
                 break
         if device is None or not _DEVICE.applies(device):
             return self.executor(inputs, symbols)
-        static = tuple(isinstance(t, torch.Tensor) and _is_static_address(t) for t in inputs)
-        key = (_signature(inputs), static,
-               tuple(t.data_ptr() if s else None for t, s in zip(inputs, static)))
         with self._lock:
-            captured = self._graphs.get(key)
+            static = self._flags
+            key = None
+            if static is not None and len(static) == len(inputs):
+                try:
+                    key = _key(device, inputs, static)
+                except AttributeError:
+                    key = None
+            captured = self._graphs.get(key) if key is not None else None
+            if captured is None:
+                fresh = _static_flags(inputs)
+                if fresh != static or key is None:
+                    static = self._flags = fresh
+                    key = _key(device, inputs, static)
+                    captured = self._graphs.get(key)
             if captured is not None:
+                if captured.busy():
+                    stats_mod.add("cuda_graph_busy")
+                    return self.executor(inputs, symbols)
                 stats_mod.add("cuda_graph_replays")
                 return captured.replay(inputs)
             plain = (key in self._failed or len(self._graphs) >= self.max_graphs
@@ -130,9 +280,14 @@ class CudaGraphRunner:
                 if len(self._seen) < _MAX_SEEN:
                     self._seen.add(key)
                 plain = True  # the warm-up call
+                if log.isEnabledFor(logging.DEBUG):
+                    log.debug("kiln: CUDA graphs: %s: warm-up of a new key (%d keys captured); inputs "
+                              "read in place (S) or copied (c): %s", self.name, len(self._graphs),
+                              "".join("S" if f else "c" if f is False else "-" for f in static))
             if not plain:
                 try:
-                    captured = _capture(self.executor, inputs, symbols, static, device)
+                    captured = _capture(self.executor, inputs, symbols, static, device, self.updated,
+                                        self.kept_outputs)
                 except _NotCapturable as e:  # this key only
                     if len(self._failed) < _MAX_SEEN:
                         self._failed.add(key)
@@ -148,16 +303,6 @@ class CudaGraphRunner:
         return self.executor(inputs, symbols)
 
 
-def _signature(inputs):
-    sig = []
-    for t in inputs:
-        if isinstance(t, torch.Tensor):
-            sig.append((t.dtype, t.device, tuple(t.shape), tuple(t.stride())))
-        else:
-            sig.append((type(t).__name__, t if isinstance(t, (int, float, bool)) or t is None else id(t)))
-    return tuple(sig)
-
-
 def _extent(t):
     return sum((n - 1) * st for n, st in zip(t.shape, t.stride())) + 1
 
@@ -168,7 +313,7 @@ def _span_of(t):
     return t.as_strided((_extent(t),), (1,), t.storage_offset())
 
 
-def _capture(executor, inputs, symbols, static, device):
+def _capture(executor, inputs, symbols, static, device, updated=(), kept=frozenset()):
     static_inputs = list(inputs)
     copied = []  # (input index, span): the static input is a view of `span`, which is filled from
     for i, (t, s) in enumerate(zip(inputs, static)):  # the bytes the input's elements span
@@ -180,7 +325,23 @@ def _capture(executor, inputs, symbols, static, device):
             span.copy_(_span_of(t))
             static_inputs[i] = span.as_strided(t.size(), t.stride(), 0)
             copied.append((i, span))
-    graph, outputs = _DEVICE.capture(lambda: executor(static_inputs, symbols), device)
+    written_back = []  # (input index, its static buffer): copied back after each replay
+    saved = []  # (static-address input, its values before the capture's runs)
+    for i in updated:
+        t = inputs[i] if i < len(inputs) else None
+        if not isinstance(t, torch.Tensor):
+            continue
+        if static[i]:
+            saved.append((t, t.clone()))
+            continue
+        storage = t.untyped_storage().data_ptr()
+        for j, u in enumerate(inputs):
+            if j != i and isinstance(u, torch.Tensor) and u.untyped_storage().data_ptr() == storage:
+                raise _NotCapturable(f"input {i}, which the graph updates, shares memory with input {j}")
+        written_back.append((i, static_inputs[i]))
+    graph, outputs = _DEVICE.capture(executor, static_inputs, symbols, static, device)
+    for t, values in saved:  # the warm-up run updated them; the replay that follows will
+        t.copy_(values)
     # Outputs that alias an input (AOTAutograd's forward graphs return saved inputs): at a replay
     # they are the same view of that call's input; the rest is copied out of the graph's pool.
     by_storage = {}
@@ -199,29 +360,61 @@ def _capture(executor, inputs, symbols, static, device):
             raise _NotCapturable(f"output {k} views input {i} as another dtype")
         aliases[k] = (i, tuple(o.size()), tuple(o.stride()), o.storage_offset() - base.storage_offset())
     outputs = [None if k in aliases else o for k, o in enumerate(outputs)]
-    return _Captured(graph, static_inputs, copied, outputs, aliases, device)
+    kept = {k for k in kept if k < len(outputs) and isinstance(outputs[k], torch.Tensor)}
+    # A kept output must not share its memory with a copied one (their copies would not alias).
+    copied_storages = {o.untyped_storage().data_ptr() for k, o in enumerate(outputs)
+                       if isinstance(o, torch.Tensor) and k not in kept}
+    kept = {k for k in kept if outputs[k].untyped_storage().data_ptr() not in copied_storages}
+    static_storages = [static_inputs[i].untyped_storage() for i, *_ in aliases.values() if static[i]]
+    # Not kept: static_inputs (the graph reads the static-address inputs of later calls at the
+    # same addresses, and holding a kept output of another graph would keep that graph busy).
+    return _Captured(graph, copied, written_back, outputs, aliases, kept, static_storages, device)
 
 
 class _Captured:
-    def __init__(self, graph, static_inputs, copied, outputs, aliases, device):
+    def __init__(self, graph, copied, written_back, outputs, aliases, kept, static_storages, device):
         self.graph = graph
-        self.static_inputs = static_inputs
         self.copied = copied
+        self.written_back = written_back
         self.outputs = outputs  # the graph's outputs in its pool (None where `aliases` has one)
         self.aliases = aliases  # output index -> (input index, sizes, strides, relative offset)
+        self.kept = frozenset(kept)  # outputs returned in place (saved tensors), not copied out
+        self.copy_out = CopyOut(outputs, self.kept)
         self.device = device
-        self.done = None  # event recorded after the last replay's copy-out
+        self.last = None  # the stream of the last replay (_TorchCuda.order)
+        # The storages of the kept outputs with their use counts while only this object holds
+        # them: a higher count means something still uses what a replay returned there.
+        self.storages = {}
+        for k in self.kept:
+            st = outputs[k].untyped_storage()
+            self.storages.setdefault(st.data_ptr(), st)
+        self.idle_counts = [(st, torch._C._storage_Use_Count(st._cdata)) for st in self.storages.values()]
+        for ptr in self.storages:
+            _KEPT_STORAGES[ptr] = self
+        _remember_static_storages(static_storages)
+
+    def busy(self):
+        """Whether a tensor that a replay returned in place is still in use (the next replay would
+        overwrite it)."""
+        for st, idle in self.idle_counts:
+            if torch._C._storage_Use_Count(st._cdata) > idle:
+                return True
+        return False
 
     def replay(self, inputs):
-        _DEVICE.wait(self.done, self.device)  # the previous replay's copy-out
+        self.last = _DEVICE.order(self.last, self.device)  # after the previous replay's copy-out
         for i, span in self.copied:
             span.copy_(_span_of(inputs[i]))
-        _DEVICE.replay(self.graph, self.device)
-        out = copy_out(self.outputs)
+        _DEVICE.replay(self.graph, self.device, inputs)
+        for i, buffer in self.written_back:
+            inputs[i].copy_(buffer)
+        fast = self.device.type == "cuda" and _FAST_CUDA_EMPTY is not None and self.device.index == _CURRENT_DEVICE()
+        out = self.copy_out(_FAST_CUDA_EMPTY if fast else None)
+        for k in self.kept:
+            out[k] = self.outputs[k].detach()  # a new tensor on the graph's memory (counted by busy())
         for k, (i, sizes, strides, offset) in self.aliases.items():
             t = inputs[i]
             out[k] = t.as_strided(sizes, strides, t.storage_offset() + offset)
-        self.done = _DEVICE.record(self.done, self.device)
         return out
 
 
@@ -237,73 +430,145 @@ class _TorchCuda:
         return torch.cuda.is_current_stream_capturing()
 
     @staticmethod
-    def capture(run, device):
-        """One warm-up run on a side stream (as torch's docs ask), then run() captured into a new
-        CUDAGraph with its own memory pool; returns (graph, run's result)."""
+    def capture(executor, static_inputs, symbols, static, device):
+        """One warm-up run on a side stream (as torch's docs ask), then a run of `executor` on
+        `static_inputs` captured into a new CUDAGraph with its own memory pool; returns (graph,
+        the run's outputs). The graph keeps no reference to the inputs."""
         with torch.cuda.device(device):
             current = torch.cuda.current_stream(device)
             side = torch.cuda.Stream(device)
             side.wait_stream(current)
             with torch.cuda.stream(side):
-                run()
+                executor(static_inputs, symbols)
             current.wait_stream(side)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
-                outputs = run()
+                outputs = executor(static_inputs, symbols)
         return graph, outputs
 
     @staticmethod
-    def replay(graph, device):
-        with torch.cuda.device(device):
+    def replay(graph, device, inputs):
+        """Replays `graph`, which reads the static-address inputs of this call (`inputs`) where
+        they are, as the capture's were."""
+        if _CURRENT_DEVICE() == device.index:
             graph.replay()
+        else:
+            with torch.cuda.device(device):
+                graph.replay()
 
     @staticmethod
-    def wait(event, device):
-        if event is not None:
-            torch.cuda.current_stream(device).wait_event(event)
+    def order(last, device):
+        """Orders this replay after the previous one's copy-out. last: (raw stream, stream) of the
+        previous replay, or None. Same stream: nothing to do; another one: it waits for that one.
+        Returns this replay's (raw stream, stream)."""
+        index = device.index if device.index is not None else _CURRENT_DEVICE()
+        raw = _RAW_STREAM(index)
+        if last is not None and last[0] == raw:
+            return last
+        current = torch.cuda.current_stream(index)
+        if last is not None:
+            current.wait_stream(last[1])
+        return raw, current
 
-    @staticmethod
-    def record(event, device):
-        if event is None:
-            event = torch.cuda.Event()
-        event.record(torch.cuda.current_stream(device))
-        return event
 
-
+_CURRENT_DEVICE = getattr(torch._C, "_cuda_getDevice", lambda: None)
+# torch's allocation function for compiled code (kiln.executor's too): on the current CUDA device
+_FAST_CUDA_EMPTY = getattr(getattr(torch._C, "_dynamo", None) and torch._C._dynamo.guards, "_empty_strided_cuda", None)
+# 0: no overlap, 1: overlap, 2: too hard to tell (gaps, among others)
+_HAS_INTERNAL_OVERLAP = getattr(torch, "_debug_has_internal_overlap", lambda t: 2)
+_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", lambda index: None)
 _DEVICE = _TorchCuda()
 
 
-def copy_out(outputs, keep=()):
+def copy_out(outputs, keep=(), alloc=None):
     """New tensors with the values of `outputs` (a list that may hold non-tensors), laid out as
     they are: same sizes and strides, outputs that share a storage share one new storage at the
-    same relative offsets. Items whose index is in `keep` and non-tensors are returned as they are."""
-    result = list(outputs)
-    groups = {}
-    for i, o in enumerate(outputs):
-        if not isinstance(o, torch.Tensor) or i in keep:
-            continue
-        if o.numel() == 0:
-            result[i] = torch.empty_strided(o.size(), o.stride(), dtype=o.dtype, device=o.device)
-            continue
-        groups.setdefault((o.device, o.untyped_storage().data_ptr()), []).append(i)
-    for (device, _), idxs in groups.items():
-        spans = []
-        for i in idxs:
-            o = outputs[i]
-            size = o.element_size()
-            start = o.storage_offset() * size
-            extent = sum((n - 1) * st for n, st in zip(o.shape, o.stride())) + 1
-            spans.append((start, start + extent * size))
-        lo = min(a for a, _ in spans)
-        lo -= lo % 16  # keeps every element-size-aligned offset aligned
-        hi = max(b for _, b in spans)
-        src = torch.empty(0, dtype=torch.uint8, device=device)
-        src.set_(outputs[idxs[0]].untyped_storage(), lo, (hi - lo,), (1,))
-        dst = src.clone().untyped_storage()
-        for i in idxs:
-            o = outputs[i]
-            size = o.element_size()
-            t = torch.empty(0, dtype=o.dtype, device=device)
-            t.set_(dst, (o.storage_offset() * size - lo) // size, o.size(), o.stride())
-            result[i] = t
-    return result
+    same relative offsets. Items whose index is in `keep` and non-tensors are returned as they are.
+    alloc(sizes, strides, dtype), if given, allocates on the outputs' device (see CopyOut)."""
+    return CopyOut(outputs, keep)(alloc)
+
+
+class CopyOut:
+    """copy_out's work for a fixed list of outputs (a captured graph's, which every replay
+    overwrites in place), sorted out once:
+      * an output with a storage of its own and no internal overlap gets a tensor of its own,
+        and those are filled by one torch._foreach_copy_ per (device, dtype);
+      * the others (outputs that share a storage, expanded ones) are copied with the bytes their
+        storage spans, into one new buffer per device, by one torch._foreach_copy_ of the spans.
+    Calling it makes the copies: alloc(sizes, strides, dtype) is torch's allocation function for
+    compiled code on the outputs' (current) device, or None for torch.empty_strided."""
+
+    def __init__(self, outputs, keep=()):
+        self.template = list(outputs)
+        owners = {}
+        for i, o in enumerate(outputs):
+            if isinstance(o, torch.Tensor) and i not in keep and o.numel() > 0:
+                ptr = o.untyped_storage().data_ptr()
+                owners[ptr] = owners.get(ptr, 0) + 1
+        self.empty = []  # (index, sizes, strides, dtype, device)
+        alone = {}  # (device, dtype) -> ([index], [(sizes, strides)], [output])
+        groups = {}  # (device, storage) -> [index]
+        for i, o in enumerate(outputs):
+            if not isinstance(o, torch.Tensor) or i in keep:
+                continue
+            if o.numel() == 0:
+                self.empty.append((i, tuple(o.shape), o.stride(), o.dtype, o.device))
+                continue
+            ptr = o.untyped_storage().data_ptr()
+            if owners[ptr] == 1 and _HAS_INTERNAL_OVERLAP(o) == 0:
+                idx, metas, srcs = alone.setdefault((o.device, o.dtype), ([], [], []))
+                idx.append(i)
+                metas.append((tuple(o.shape), o.stride()))  # plain tuples, as alloc needs
+                srcs.append(o)
+            else:
+                groups.setdefault((o.device, ptr), []).append(i)
+        self.alone = [(device, dtype, *lists) for (device, dtype), lists in alone.items()]
+        self.spans = []  # (device, total bytes, [uint8 source spans], [(offset, end)], [(index, dtype, offset, sizes, strides)])
+        by_device = {}
+        for (device, _), idxs in groups.items():
+            lo = min(outputs[i].storage_offset() * outputs[i].element_size() for i in idxs)
+            hi = max((outputs[i].storage_offset() + _extent(outputs[i])) * outputs[i].element_size() for i in idxs)
+            lo -= lo % 16  # keeps every element-size-aligned offset aligned
+            by_device.setdefault(device, []).append((idxs, lo, hi))
+        for device, spans in by_device.items():
+            total, srcs, places, views = 0, [], [], []
+            for idxs, lo, hi in spans:
+                src = torch.empty(0, dtype=torch.uint8, device=device)
+                src.set_(outputs[idxs[0]].untyped_storage(), lo, (hi - lo,), (1,))
+                srcs.append(src)
+                places.append((total, total + hi - lo))
+                for i in idxs:
+                    o = outputs[i]
+                    size = o.element_size()
+                    views.append((i, o.dtype, (total + o.storage_offset() * size - lo) // size, o.size(), o.stride()))
+                total += -(-(hi - lo) // 64) * 64  # each span starts 64-byte aligned in the buffer
+            self.spans.append((device, total, srcs, places, views))
+
+    def __call__(self, alloc=None):
+        result = list(self.template)
+        for i, sizes, strides, dtype, device in self.empty:
+            result[i] = torch.empty_strided(sizes, strides, dtype=dtype, device=device)
+        for device, dtype, idx, metas, srcs in self.alone:
+            if alloc is not None:
+                dsts = [alloc(sizes, strides, dtype) for sizes, strides in metas]
+            else:
+                dsts = [torch.empty_strided(sizes, strides, dtype=dtype, device=device) for sizes, strides in metas]
+            if len(dsts) == 1:
+                dsts[0].copy_(srcs[0])
+            else:
+                torch._foreach_copy_(dsts, srcs)
+            for i, t in zip(idx, dsts):
+                result[i] = t
+        for device, total, srcs, places, views in self.spans:
+            buffer = torch.empty(total, dtype=torch.uint8, device=device)
+            dsts = [buffer[a:b] for a, b in places]
+            if len(dsts) == 1:
+                dsts[0].copy_(srcs[0])
+            else:
+                torch._foreach_copy_(dsts, srcs)
+            storage = buffer.untyped_storage()
+            for i, dtype, offset, sizes, strides in views:
+                t = torch.empty(0, dtype=dtype, device=device)
+                t.set_(storage, offset, sizes, strides)
+                result[i] = t
+        return result

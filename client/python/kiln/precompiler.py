@@ -114,8 +114,8 @@ def precompile(model_or_fn, example_inputs, target="cuda:sm_90", training=False,
     training: False: the inference graph (the model run under torch.no_grad()); True: the forward
       and backward graphs of a training step.
     options: as for the backend (kiln.options): server (default the embedded kilnd), timeout,
-      deterministic, disable_fusion, training_layouts and cuda_graphs (they change the keys, so
-      use the values the training job will use), cpu_isa, debug (sends keep_source).
+      deterministic, disable_fusion and training_layouts (they change the keys, so use the values
+      the training job will use), cpu_isa, debug (sends keep_source).
     strict: raise kiln.KilnError after all graphs were sent if any failed (its ``records``
       attribute holds the records); False: return the records, failures with ``error`` set.
     Returns [PrecompileRecord] in capture order.
@@ -146,7 +146,7 @@ def precompile(model_or_fn, example_inputs, target="cuda:sm_90", training=False,
         records.append(record)
         return plan
 
-    _capture(fn, args, kw, training, send, opts.training_layouts, keep_input_mutations=not opts.cuda_graphs)
+    _capture(fn, args, kw, training, send, opts.training_layouts)
     if not records:
         raise KilnError("kiln.precompile: Dynamo captured no graph (a function without tensor ops, "
                         "or one that Dynamo skips)")
@@ -198,7 +198,7 @@ def _to_meta(tree):
     return tree_map(lambda x: _meta_tensor(x) if isinstance(x, torch.Tensor) else x, tree)
 
 
-def _capture(fn, args, kwargs, training, send, training_layouts=True, keep_input_mutations=True):
+def _capture(fn, args, kwargs, training, send, training_layouts=True):
     """Captures the graphs as the kiln backend would and calls send(GRAPH_KIND_*, kiln.proto.Graph)
     with each, in capture order; send returns the graph's kiln.proto.Plan or None. A forward's plan
     decides its saved tensors' strides, which its backward is captured for (kiln.layouts)."""
@@ -222,7 +222,7 @@ def _capture(fn, args, kwargs, training, send, training_layouts=True, keep_input
 
         return compile_fn
 
-    aot = make_aot(compiler_for, keep_input_mutations=keep_input_mutations)
+    aot = make_aot(compiler_for)
 
     def backend(gm, example_inputs, **unused):
         return aot(gm, example_inputs)

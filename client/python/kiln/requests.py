@@ -28,15 +28,18 @@ def serialize_aot_graph(gm, example_inputs, kind, debug_name, training_layouts=T
     follows the strides AOTAutograd gives its inputs (a backward's) and CUDA's convolutions on the
     meta device (kiln.layouts.repropagate); with option training_layouts, a forward with a
     convolution (the graphs whose layouts kilnd changes) lists its saved tensors as
-    free_layout_outputs (kiln.layouts)."""
+    free_layout_outputs (kiln.layouts); every forward lists them as saved_outputs (not hashed; for
+    kiln.cuda_graphs)."""
     from kiln import layouts
     from kiln.serialize import serialize_graph
 
     layouts.repropagate(gm, example_inputs)
     graph = serialize_graph(gm, example_inputs, kind=kind, debug_name=debug_name)
-    if (training_layouts and kind == proto.GRAPH_KIND_FORWARD
-            and any(n.target is torch.ops.aten.convolution.default for n in gm.graph.nodes)):
-        graph.free_layout_outputs.extend(layouts.saved_tensor_positions(gm))
+    if kind == proto.GRAPH_KIND_FORWARD:
+        saved = layouts.saved_tensor_positions(gm)
+        graph.saved_outputs.extend(saved)
+        if training_layouts and any(n.target is torch.ops.aten.convolution.default for n in gm.graph.nodes):
+            graph.free_layout_outputs.extend(saved)
     return graph
 
 

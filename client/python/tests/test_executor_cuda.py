@@ -5,6 +5,7 @@ per device through a stand-in runtime, the runtime's CUDA bindings when libcuda 
 What needs a GPU is in tests/gpu/test_cuda_backend.py."""
 
 import contextlib
+import logging
 import os
 import shutil
 import subprocess
@@ -430,6 +431,12 @@ def test_copy_out_keeps_layout_and_aliasing():
     d = base.view(torch.int32)[30:34]  # the same storage seen as another dtype
     e = torch.empty(0, 5)
     out = cuda_graphs.copy_out([a, None, b, c, 7, d, e, c], keep={7})
+    # With torch's allocation function for compiled code (what replays use on their device).
+    fast = torch._C._dynamo.guards._empty_strided_cpu
+    got = cuda_graphs.copy_out([c, c.t(), None], alloc=fast)
+    assert torch.equal(got[0], c) and torch.equal(got[1], c.t()) and got[1].stride() == c.t().stride()
+    got = cuda_graphs.copy_out([c.t().contiguous()], alloc=fast)
+    assert torch.equal(got[0], c.t()) and got[0].untyped_storage().data_ptr() != c.untyped_storage().data_ptr()
     for got, want in zip(out, [a, None, b, c, 7, d, e, c]):
         if isinstance(want, torch.Tensor):
             assert got.shape == want.shape and got.stride() == want.stride() and got.dtype == want.dtype
@@ -450,7 +457,7 @@ def test_copy_out_keeps_layout_and_aliasing():
     assert out[0][0, 1] == 55.0
 
 
-def test_graphs_that_mutate_inputs_are_not_captured():
+def test_inspect_graph_finds_the_inputs_a_graph_updates():
     from torch.fx.experimental.proxy_tensor import make_fx
 
     from kiln import serialize_graph
@@ -458,18 +465,35 @@ def test_graphs_that_mutate_inputs_are_not_captured():
     def pure(x):
         return torch.relu(x) * 2
 
-    def mutating(x, y):
+    def updating(x, y, z):
+        z.copy_(y + 1)  # AOTAutograd's form of a kept input update
         x.add_(1)
         return x * y
 
-    assert cuda_graphs.graph_refusal(serialize_graph(make_fx(pure)(torch.randn(3)))) is None
-    graph = serialize_graph(make_fx(mutating)(torch.randn(3), torch.randn(3)))
-    assert "mutates its arguments" in cuda_graphs.graph_refusal(graph)
+    def into_a_view(x, y):
+        x[0].add_(y[0])
+        return (y * 2,)
+
+    def into_its_own(x):
+        t = x * 2
+        t[1:].mul_(3)
+        return (t,)
+
+    def trace(fn, n):
+        return serialize_graph(make_fx(fn)(*[torch.randn(3) for _ in range(n)]))
+
+    assert cuda_graphs.inspect_graph(trace(pure, 1)) == (None, ())
+    assert cuda_graphs.inspect_graph(trace(updating, 3)) == (None, (0, 2))
+    refusal, updated = cuda_graphs.inspect_graph(trace(into_a_view, 2))
+    assert "writes into" in refusal and "a view of input" in refusal and updated == ()
+    assert cuda_graphs.inspect_graph(trace(into_its_own, 1)) == (None, ())
 
 
 class FakeGraphs:
-    """Stands in for torch.cuda in kiln.cuda_graphs: a "graph" re-runs the captured function at
-    replay and writes its results into the captured outputs, as a replay writes the same memory."""
+    """Stands in for torch.cuda in kiln.cuda_graphs: a "graph" re-runs the captured executor at
+    replay, on the capture's static buffers and the replaying call's static-address inputs (what
+    a real graph reads at their addresses), and writes its results into the captured outputs, as
+    a replay writes the same memory. Like a real graph, it holds no static-address input."""
 
     def __init__(self):
         self.captures, self.replays = 0, 0
@@ -480,32 +504,33 @@ class FakeGraphs:
     def capturing(self, device):
         return False
 
-    def capture(self, run, device):
-        run()  # the warm-up
-        outputs = run()
+    def capture(self, executor, static_inputs, symbols, static, device):
+        executor(static_inputs, symbols)  # the warm-up
+        outputs = executor(static_inputs, symbols)  # (a real capture runs nothing)
         self.captures += 1
-        return (run, outputs), outputs
+        held = [None if s else t for t, s in zip(static_inputs, static)]
+        return (executor, held, static, symbols, outputs), outputs
 
-    def replay(self, graph, device):
-        run, outputs = graph
-        for o, n in zip(outputs, run()):
-            if isinstance(o, torch.Tensor):
-                o.copy_(n)
+    def replay(self, graph, device, inputs):
+        executor, held, static, symbols, outputs = graph
+        args = [t if s else h for t, h, s in zip(inputs, held, static)]
+        with torch.no_grad():
+            for o, n in zip(outputs, executor(args, symbols)):
+                if isinstance(o, torch.Tensor):
+                    o.copy_(n)
         self.replays += 1
 
-    def wait(self, event, device):
-        pass
-
-    def record(self, event, device):
-        return event
+    def order(self, last, device):
+        return last
 
 
-def runner_for(fn, *args):
+def runner_for(fn, *args, saved=()):
     from torch.fx.experimental.proxy_tensor import make_fx
 
     from kiln import serialize_graph
 
     graph = serialize_graph(make_fx(fn)(*args))
+    graph.saved_outputs.extend(saved)  # as a training forward's (kiln.requests.serialize_aot_graph)
     cpu = proto.Target(device=proto.DEVICE_KIND_CPU, cpu_isa="x86-64-v2")
     ex = PlanExecutor(testing.make_artifact(testing.aten_plan(graph), cpu), graph)
     return cuda_graphs.CudaGraphRunner(ex, max_graphs=2)
@@ -563,6 +588,65 @@ def test_cuda_graph_runner_warms_up_captures_and_replays(fake_graphs):
     assert fake_graphs.captures == 2
 
 
+def test_cuda_graph_runner_returns_saved_outputs_in_place(fake_graphs):
+    """A forward's saved tensors (Graph.saved_outputs) are returned where the replay wrote them;
+    a graph taking one as input (the backward) keys it by address and reads it in place; a call
+    made while one is still referenced runs without the graph."""
+    from kiln import counters
+
+    def forward(x, w):
+        h = x @ w
+        return h.relu().sum(), h * 2, w.t()  # outputs 1 and 2 stand for saved tensors
+
+    w = torch.nn.Parameter(torch.randn(8, 3))
+    runner = runner_for(forward, torch.randn(4, 8), w.detach(), saved=[1])
+    assert runner.kept_outputs == {1}
+    for i in range(3):
+        x = torch.randn(4, 8)
+        loss, saved, wt = runner([x, w])
+        torch.testing.assert_close(loss, (x @ w.detach()).relu().sum())
+        torch.testing.assert_close(saved, x @ w.detach() * 2)
+        if i > 0:  # replays: the saved tensor is the graph's memory, the loss a copy
+            (captured,) = runner._graphs.values()
+            assert saved.data_ptr() == captured.outputs[1].data_ptr()
+            assert loss.data_ptr() != captured.outputs[0].data_ptr()
+            assert cuda_graphs._static_flags([saved, x, w]) == (True, False, True)
+            # A saved parameter may reach the backward as a plain tensor: still read in place.
+            assert wt.data_ptr() == w.data_ptr() and cuda_graphs._static_flags([wt, w.detach()]) == (True, True)
+        del saved  # dead before the next call, as after a backward
+    assert fake_graphs.captures == 1 and fake_graphs.replays == 2
+    # Still referenced at the next call (two forwards before a backward): that call runs plain.
+    x1, x2 = torch.randn(4, 8), torch.randn(4, 8)
+    _, kept, _ = runner([x1, w])
+    _, fresh, _ = runner([x2, w])
+    torch.testing.assert_close(kept, x1 @ w.detach() * 2)  # not overwritten
+    torch.testing.assert_close(fresh, x2 @ w.detach() * 2)
+    assert not cuda_graphs._static_flags([fresh])[0]
+    assert counters.stats()["cuda_graph_busy"] == 1 and fake_graphs.replays == 3
+
+    # A "backward" given the kept tensor: captured with it keyed by address, read in place.
+    backward = runner_for(lambda s, g: (s * g,), kept.clone(), torch.randn(4, 3))
+    for i in range(3):
+        g = torch.randn(4, 3)
+        torch.testing.assert_close(backward([kept, g])[0], kept * g)
+    (bw,) = backward._graphs.values()
+    assert [i for i, _ in bw.copied] == [1]  # g is copied in, kept is read where it is
+    del kept  # free again once the backward is done with it: a replay
+    runner([x1, w])
+    assert fake_graphs.replays == 4 + 2
+
+
+def test_static_storages_are_forgotten_once_freed():
+    """A parameter a forward returned is read in place by address only while its storage lives:
+    a later tensor at a freed one's address is copied like any other."""
+    t = torch.randn(8)
+    ptr = t.untyped_storage().data_ptr()
+    cuda_graphs._remember_static_storages([t.untyped_storage()])
+    assert cuda_graphs._read_in_place(ptr)
+    del t
+    assert not cuda_graphs._read_in_place(ptr) and ptr not in cuda_graphs._STATIC_STORAGES
+
+
 def test_cuda_graph_runner_copies_strided_and_expanded_inputs(fake_graphs):
     def fn(x, y):
         return ((x * y).sum(0),)
@@ -575,22 +659,63 @@ def test_cuda_graph_runner_copies_strided_and_expanded_inputs(fake_graphs):
     assert fake_graphs.captures == 1 and fake_graphs.replays == 3
 
 
-def test_cuda_graph_runner_leaves_mutating_graphs_alone(fake_graphs):
+def test_cuda_graph_runner_captures_input_updates(fake_graphs):
+    """Updated inputs: a static-address one (a buffer) is updated once per call, the capturing call
+    included; another one is copied back from its static buffer after each replay."""
+    def fn(x, buf, acc):
+        buf.copy_(buf * 0.5 + x.mean())  # as a batch norm's running mean
+        acc.add_(x)
+        return (x * 2,)
+
+    buf = torch.zeros(())
+    torch._dynamo.mark_static_address(buf)
+    runner = runner_for(fn, torch.randn(4), buf.clone(), torch.zeros(4))
+    assert runner.refusal is None and runner.updated == (1, 2)
+    want_buf, acc, want_acc = torch.zeros(()), torch.zeros(4), torch.zeros(4)
+    for i in range(4):
+        x = torch.randn(4)
+        out = runner([x, buf, acc])
+        want_buf = want_buf * 0.5 + x.mean()
+        want_acc += x
+        torch.testing.assert_close(out[0], x * 2)
+        torch.testing.assert_close(buf, want_buf)
+        torch.testing.assert_close(acc, want_acc)
+    assert fake_graphs.captures == 1 and fake_graphs.replays == 3
+
+
+def test_cuda_graph_runner_leaves_graphs_that_write_into_input_views_alone(fake_graphs):
     def fn(x, y):
-        x.add_(1)
+        x[0].add_(1)
         return (x * y,)
 
     runner = runner_for(fn, torch.randn(3), torch.randn(3))
-    assert "mutates" in runner.refusal
+    assert "a view of input" in runner.refusal
     for _ in range(3):
         x, y = torch.randn(3), torch.randn(3)
-        want = (x + 1) * y
-        torch.testing.assert_close(runner([x, y])[0], want)
+        want = x.clone()
+        want[0] += 1
+        torch.testing.assert_close(runner([x, y])[0], want * y)
+        torch.testing.assert_close(x, want)
     assert fake_graphs.captures == 0
 
 
+def test_cuda_graph_runner_skips_updated_inputs_that_share_memory(fake_graphs, caplog):
+    def fn(x, y):
+        x.add_(1)
+        return (x + y,)
+
+    runner = runner_for(fn, torch.randn(3), torch.randn(3))
+    caplog.set_level(logging.INFO, logger="kiln")
+    for _ in range(3):
+        base = torch.randn(6)
+        x, y = base[:3], base[3:]
+        want = (x + 1) + y
+        torch.testing.assert_close(runner([x, y])[0], want)
+    assert fake_graphs.captures == 0 and "input 0, which the graph updates, shares memory with input 1" in caplog.text
+
+
 def test_cuda_graph_runner_gives_up_on_a_failing_capture(fake_graphs, monkeypatch):
-    def fail(run, device):
+    def fail(*args):
         raise RuntimeError("operation not permitted when stream is capturing")
 
     monkeypatch.setattr(fake_graphs, "capture", fail)
