@@ -8,7 +8,8 @@
 // hoisted sizes and exact constants; it overrides the signature, the thread mapping, loads and
 // stores, and retargets helper names from kiln_cpu:: / std:: to kiln_cuda::.
 //
-// Parameter convention (kernels[i] -> symbol "kiln_kernel_<i>"), by value, in this order:
+// Parameter convention (kernels[i] -> symbol "kiln_kernel_<i>", or another prefix from
+// CudaEmitOptions::symbol_prefix), by value, in this order:
 //     extern "C" __global__ void kiln_kernel_<i>(T0* b0, T1* b1, ..., int64_t n0, int64_t n1, ...);
 //   b<j>: the element pointer of buffer j (device memory, at the tensor's storage offset;
 //   `const T* __restrict__` for read buffers, `T* __restrict__` for write buffers, plain `T*` for
@@ -170,7 +171,14 @@ struct CudaEmitOptions {
   CudaLongRows long_rows = CudaLongRows::kAuto;
   std::vector<CudaLongRows> kernel_long_rows;  // by kernel index, overriding long_rows where
                                                // given (fixtures comparing layouts side by side)
+  // Kernel i is named <symbol_prefix><i>. kilnd's compiler makes it "kiln_<8 hex digits of the
+  // graph's key>_" so that profiles tell the kernels of different plans apart (a graph's forward
+  // and backward both have a kernel 0). Letters, digits and '_' only.
+  std::string symbol_prefix = "kiln_kernel_";
 };
+
+// The symbol of kernel `index`: options.symbol_prefix followed by the index.
+std::string CudaKernelSymbol(const CudaEmitOptions& options, int index);
 
 enum class CudaLayout { kPointwise, kWarpPerRow, kBlockPerRow, kColumn, kTiled, kClusterRow, kSharedRow };
 const char* CudaLayoutName(CudaLayout layout);  // "pointwise", "warp_per_row", ...

@@ -503,6 +503,22 @@ TEST(CudaEmitter, TheWholeSourceHasThePreludeAndEverySymbol) {
   EXPECT_FALSE(absl::StrContains(src->source, "#include <cuda"));
 }
 
+TEST(CudaEmitter, KernelsTakeTheSymbolPrefix) {
+  absl::StatusOr<Kernel> a = kt::Bf16Chain(100), b = kt::LayerNorm(64, 1e-5f);
+  ASSERT_TRUE(a.ok() && b.ok());
+  CudaEmitOptions options;
+  options.symbol_prefix = "kiln_0123abcd_";
+  absl::StatusOr<CudaSource> src = EmitCudaSource({*a, *b}, options);
+  ASSERT_TRUE(src.ok()) << src.status();
+  EXPECT_EQ(src->symbols, (std::vector<std::string>{"kiln_0123abcd_0", "kiln_0123abcd_1"}));
+  EXPECT_TRUE(absl::StrContains(src->kernel_sources[1], " kiln_0123abcd_1(")) << src->kernel_sources[1];
+  EXPECT_FALSE(absl::StrContains(src->source, "kiln_kernel_"));
+  for (const char* bad : {"", "kiln-x_", "9kiln_", "kiln_\"; evil();"}) {
+    options.symbol_prefix = bad;
+    EXPECT_EQ(EmitCudaSource({*a}, options).status().code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+}
+
 TEST(CudaEmitter, AKernelThatDoesNotVerifyIsAnError) {
   Kernel k;
   k.num_scalars = 0;

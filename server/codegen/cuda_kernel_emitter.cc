@@ -184,7 +184,7 @@ void CudaKernelEmitter::EmitFunction() {
   }
   PopScope();
   CodeWriter head;
-  head.Linef("// ", CpuKernelSymbol(index_), ": ", CudaLayoutName(launch_.layout), ", ",
+  head.Linef("// ", CudaKernelSymbol(cuda_, index_), ": ", CudaLayoutName(launch_.layout), ", ",
              k_.outer.size(), " outer dims, ", k_.reduce.size(), " reduction dims, ",
              k_.phases.size(), " phases, vector width ", launch_.vector_width, ", ",
              launch_.cached_values, " cached values per thread",
@@ -209,7 +209,7 @@ void CudaKernelEmitter::EmitFunction() {
   for (int i = 0; i < k_.num_scalars; ++i) params.push_back(absl::StrCat("int64_t n", i));
   if (fits.empty()) {
     head.Open(absl::StrCat("extern \"C\" __global__ void ", KernelAttributes(),
-                           CpuKernelSymbol(index_), "(", absl::StrJoin(params, ", "), ")"));
+                           CudaKernelSymbol(cuda_, index_), "(", absl::StrJoin(params, ", "), ")"));
     head.Linef("using idx_t = ", idx32_ ? "int32_t" : "int64_t", ";");
     if (smem_bytes_ > 0) head.Line(SmemDeclaration());
     result_ = head.Take();
@@ -228,7 +228,7 @@ void CudaKernelEmitter::EmitFunction() {
     body_params.push_back("unsigned char* kiln_smem");
     args.push_back("kiln_smem");
   }
-  const std::string body = absl::StrCat(CpuKernelSymbol(index_), "_body");
+  const std::string body = absl::StrCat(CudaKernelSymbol(cuda_, index_), "_body");
   head.Line("template <typename idx_t>");
   head.Open(absl::StrCat("KILN_DEV void ", body, "(", absl::StrJoin(body_params, ", "), ")"));
   result_ = head.Take();
@@ -237,7 +237,7 @@ void CudaKernelEmitter::EmitFunction() {
   result_ += "}\n";
   CodeWriter kernel;
   kernel.Open(absl::StrCat("extern \"C\" __global__ void ", KernelAttributes(),
-                           CpuKernelSymbol(index_), "(", absl::StrJoin(params, ", "), ")"));
+                           CudaKernelSymbol(cuda_, index_), "(", absl::StrJoin(params, ", "), ")"));
   if (smem_bytes_ > 0) kernel.Line(SmemDeclaration());
   kernel.Open(absl::StrCat("if (", fits, ")"));
   kernel.Linef(body, "<int32_t>(", absl::StrJoin(args, ", "), ");");

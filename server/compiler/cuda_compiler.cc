@@ -53,6 +53,8 @@ absl::StatusOr<CompileResult> CudaGraphCompiler::Compile(const graph::PreparedGr
   // codegen: one emission (global kernel numbering), then a source per group of kernels.
   codegen::CudaEmitOptions emit = options_.emit;
   emit.arch = target.cuda_arch();
+  // kiln_<key>_<i>: a profile of several plans (a forward and its backward) tells their kernels apart.
+  emit.symbol_prefix = absl::StrCat("kiln_", prepared.key.hex.substr(0, 8), "_");
   const std::vector<kernel::Kernel> ir = fe.KernelIr();
   std::vector<lower::KernelBinding> bindings(ir.size());
   std::vector<std::string> sources;

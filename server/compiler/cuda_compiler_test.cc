@@ -143,7 +143,16 @@ TEST(CudaCompilerTest, PtxOption) {
   ASSERT_TRUE(r.ok()) << r.status();
   ASSERT_EQ(r->artifact.binaries_size(), 1);
   EXPECT_EQ(r->artifact.binaries(0).kind(), v1::Binary::KIND_PTX);
-  EXPECT_TRUE(absl::StrContains(r->artifact.binaries(0).data(), ".entry kiln_kernel_0"));
+  // Kernels are named after the graph's key, so that a profile tells plans apart.
+  req.mutable_target()->set_device(v1::DEVICE_KIND_CUDA);
+  req.mutable_target()->set_cuda_arch("sm_90");
+  auto prepared = graph::PrepareGraph(req, graph::GraphLimits(), graph::CompilerIdentity());
+  ASSERT_TRUE(prepared.ok()) << prepared.status();
+  const std::string prefix = absl::StrCat("kiln_", prepared->key.hex.substr(0, 8), "_");
+  EXPECT_TRUE(absl::StrContains(r->artifact.binaries(0).data(), ".entry " + prefix + "0")) << prefix;
+  for (const auto& step : r->artifact.plan().steps()) {
+    if (step.has_kernel()) EXPECT_TRUE(absl::StartsWith(step.kernel().symbol(), prefix)) << step.kernel().symbol();
+  }
 }
 
 TEST(CudaCompilerTest, RefusesOtherTargetsBadArchAndDynamicShapes) {

@@ -2,6 +2,7 @@
 CUDA satisfy the executor's plan checks and give a launch table, and a CUDA artifact that cannot
 be loaded (no NVIDIA driver) makes its graph run eagerly with one warning, counted as for CPU.
 Running them is tests/gpu/test_cuda_backend.py."""
+import re
 import contextlib
 import glob
 import logging
@@ -115,7 +116,7 @@ class FakeModule:
         self.kernels = {}
 
     def add_kernel(self, symbol):
-        assert symbol.startswith("kiln_kernel_")
+        assert re.fullmatch(r"kiln_[0-9a-f]{8}_[0-9]+", symbol), symbol  # kiln_<key>_<i>
         return self.kernels.setdefault(symbol, len(self.kernels))
 
 
