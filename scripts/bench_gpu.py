@@ -373,7 +373,8 @@ def section_b(args, address, problems):
 
     import torch
 
-    graphs = getattr(args, "graphs", False)
+    graphs = args.graphs
+    pad = ["-"] if graphs else []  # the CUDA-graph column of a row without figures
     log(f"## (b) Models: step time ({args.dtype}{' autocast' if args.dtype == 'bf16' else ''}; "
         f"median of {args.iters_b} steps after {args.warmup_b} warm-up, in {args.rounds_b} rounds that "
         f"alternate the backends)" + ("; CUDA-graph modes: Inductor mode=\"reduce-overhead\", kiln "
@@ -389,7 +390,7 @@ def section_b(args, address, problems):
         for mode in ("inference", "training"):
             t0 = time.time()
             if over_budget(args, EST_B.get((name, mode), 30), "b"):
-                rows.append([name, mode] + ["-"] * 9 + ["skipped: --time-budget"] + (["-"] if graphs else []))
+                rows.append([name, mode] + ["-"] * 9 + ["skipped: --time-budget"] + pad)
                 args.skipped.append(f"(b) {name}/{mode}")
                 continue
             gm.reset_kiln()
@@ -451,7 +452,7 @@ def section_b(args, address, problems):
                                 f"{after.get('cuda_graph_busy') or 0}"] if graphs else []))
                 del runs, base
             except Exception as ex:
-                rows.append([name, mode] + ["-"] * 9 + [f"ERROR {type(ex).__name__}"] + (["-"] if graphs else []))
+                rows.append([name, mode] + ["-"] * 9 + [f"ERROR {type(ex).__name__}"] + pad)
                 problems.append(f"(b) {label}: {type(ex).__name__}: {str(ex)[:500]}")
             if args.verbose:
                 print(f"[{time.time() - t0:.1f} s] {label}", file=sys.stderr, flush=True)

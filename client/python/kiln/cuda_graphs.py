@@ -7,10 +7,9 @@ Calls are keyed by the inputs' signature (dtype, sizes, strides and device of ea
 values of the other inputs) and the data pointers of the *static-address* inputs: nn.Parameters,
 tensors marked with torch._dynamo.mark_static_address, the saved tensors that a captured training
 forward keeps in its memory (below) and the static-address inputs it returns for its backward.
-The graph reads those in place. Every
-other tensor input is copied into a static buffer with the same sizes and strides before each
-replay (one device-to-device copy of the memory the input spans, as torch's own cudagraphs copy
-activations).
+The graph reads those in place. Every other tensor input is copied into a static buffer with the
+same sizes and strides before each replay (one device-to-device copy of the memory the input
+spans, as torch's own cudagraphs copy activations).
 
   1st call of a key   the plan runs as usual (the warm-up: binaries loaded, constants moved,
                       torch's libraries initialized).
@@ -20,8 +19,8 @@ activations).
 
 Outputs are copied out of the graph's memory pool after every replay, keeping their sizes,
 strides, storage offsets relative to each other and the aliasing among them, so the results of
-earlier calls stay valid: one new buffer for all of them and one torch._foreach_copy_ of their
-bytes. Outputs that are views of an input (AOTAutograd's forward graphs return the inputs they
+earlier calls stay valid: one torch._foreach_copy_ per dtype into new tensors, planned once per
+capture (kiln._cuda_graph_copy.CopyOut). Outputs that are views of an input (AOTAutograd's forward graphs return the inputs they
 save for the backward) are the same views of that call's input.
 
 A training forward's tensors saved for the backward only (Graph.saved_outputs, which the client
@@ -60,8 +59,10 @@ import weakref
 import torch
 
 from kiln import counters as stats_mod
+from kiln._exec_kernels import _current_stream
 from kiln._cuda_graph_copy import CopyOut, _extent, _span_of, copy_out  # noqa: F401 (copy_out: API)
 from kiln._cuda_graph_inspect import inspect_graph
+from kiln.executor import _CUDA_CURRENT, _FAST_EMPTY
 
 log = logging.getLogger("kiln")
 
@@ -289,15 +290,17 @@ class _Captured:
         self.kept = frozenset(kept)  # outputs returned in place (saved tensors), not copied out
         self.copy_out = CopyOut(outputs, self.kept)
         self.device = device
+        # torch's allocation function for compiled code, for the copies (on the current device)
+        self.alloc = _FAST_EMPTY["cuda"] if device.type == "cuda" else None
         self.last = None  # the stream of the last replay (_TorchCuda.order)
         # The storages of the kept outputs with their use counts while only this object holds
         # them: a higher count means something still uses what a replay returned there.
-        self.storages = {}
+        storages = {}
         for k in self.kept:
             st = outputs[k].untyped_storage()
-            self.storages.setdefault(st.data_ptr(), st)
-        self.idle_counts = [(st, torch._C._storage_Use_Count(st._cdata)) for st in self.storages.values()]
-        for ptr in self.storages:
+            storages.setdefault(st.data_ptr(), st)
+        self.idle_counts = [(st, torch._C._storage_Use_Count(st._cdata)) for st in storages.values()]
+        for ptr in storages:
             _KEPT_STORAGES[ptr] = self
         _remember_static_storages(static_storages)
 
@@ -316,8 +319,8 @@ class _Captured:
         _DEVICE.replay(self.graph, self.device, inputs)
         for i, buffer in self.written_back:
             inputs[i].copy_(buffer)
-        fast = self.device.type == "cuda" and _FAST_CUDA_EMPTY is not None and self.device.index == _CURRENT_DEVICE()
-        out = self.copy_out(_FAST_CUDA_EMPTY if fast else None)
+        fast = self.alloc is not None and self.device.index == _CUDA_CURRENT()
+        out = self.copy_out(self.alloc if fast else None)
         for k in self.kept:
             out[k] = self.outputs[k].detach()  # a new tensor on the graph's memory (counted by busy())
         for k, (i, sizes, strides, offset) in self.aliases.items():
@@ -358,7 +361,7 @@ class _TorchCuda:
     def replay(graph, device, inputs):
         """Replays `graph`, which reads the static-address inputs of this call (`inputs`) where
         they are, as the capture's were."""
-        if _CURRENT_DEVICE() == device.index:
+        if _CUDA_CURRENT() == device.index:
             graph.replay()
         else:
             with torch.cuda.device(device):
@@ -369,18 +372,13 @@ class _TorchCuda:
         """Orders this replay after the previous one's copy-out. last: (raw stream, stream) of the
         previous replay, or None. Same stream: nothing to do; another one: it waits for that one.
         Returns this replay's (raw stream, stream)."""
-        index = device.index if device.index is not None else _CURRENT_DEVICE()
-        raw = _RAW_STREAM(index)
+        raw = _current_stream(device)
         if last is not None and last[0] == raw:
             return last
-        current = torch.cuda.current_stream(index)
+        current = torch.cuda.current_stream(device)
         if last is not None:
             current.wait_stream(last[1])
         return raw, current
 
 
-_CURRENT_DEVICE = getattr(torch._C, "_cuda_getDevice", lambda: None)
-# torch's allocation function for compiled code (kiln.executor's too): on the current CUDA device
-_FAST_CUDA_EMPTY = getattr(getattr(torch._C, "_dynamo", None) and torch._C._dynamo.guards, "_empty_strided_cuda", None)
-_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", lambda index: None)
 _DEVICE = _TorchCuda()
