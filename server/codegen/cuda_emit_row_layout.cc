@@ -43,6 +43,14 @@ bool CudaKernelEmitter::IsColumnReduction() const {
   for (const kernel::Phase& p : k_.phases) {
     for (const ExprNode* l : LoadsOf(p.stmts)) {
       if (!l->args.empty()) continue;
+      // A load that no outer var moves (layer norm's per-row mean and rstd in its weight
+      // gradient) reads one element for all of a block's points: it decides nothing.
+      bool per_point = false;
+      for (size_t i = 0; i < k_.outer.size() && !per_point; ++i) {
+        const Var v{VarKind::kOuter, static_cast<int32_t>(i)};
+        per_point = ConstStride(l->index, v) != absl::optional<int64_t>(0);
+      }
+      if (!per_point) continue;
       if (ConstStride(l->index, last_reduce) == absl::optional<int64_t>(1)) return false;
       if (ConstStride(l->index, last_outer) == absl::optional<int64_t>(1)) column = true;
     }

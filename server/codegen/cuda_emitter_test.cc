@@ -290,6 +290,16 @@ TEST(CudaEmitter, ColumnReductionsNarrowTheirBlocksWhenPointsAreFew) {
   }
 }
 
+// Layer norm's weight gradient sums over (batch, rows) per column: a column reduction, though its
+// per-row mean and rstd lie along the reduction (they are the same for all of a block's points,
+// read once per row by every thread of the warp, not strided like the column's loads).
+TEST(CudaEmitter, ColumnReductionsReadPerRowValuesAlongTheRow) {
+  CudaLaunch launch;
+  const std::string src = EmitOne(kt::LayerNormWeightGrad(8, 512, 768), true, &launch);
+  EXPECT_EQ(launch.layout, CudaLayout::kColumn) << src;
+  EXPECT_EQ(Count(src, "kiln_u = kiln_p + threadIdx.x % "), 1) << src;
+}
+
 // The vectorized softmax: phase 0 loads each row once with 16-byte loads into registers, phase 1
 // reads the registers and stores with 16-byte stores; a scalar path for misaligned pointers.
 TEST(CudaEmitter, VectorizedSoftmaxLoadsOnceAndStoresVectors) {

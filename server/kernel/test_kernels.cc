@@ -76,6 +76,31 @@ absl::StatusOr<Kernel> ColumnSum(int64_t rows, int64_t cols) {
   return kb.Finish();
 }
 
+absl::StatusOr<Kernel> LayerNormWeightGrad(int64_t batch, int64_t rows, int64_t cols) {
+  KernelBuilder kb("layer norm weight grad");
+  const Size b = Size::Const(batch), r = Size::Const(rows), c = Size::Const(cols);
+  const Buffer g = kb.AddBuffer(ScalarType::kBFloat16, Access::kRead, b * r * c);
+  const Buffer x = kb.AddBuffer(kF32, Access::kRead, b * r * c);
+  const Buffer mean = kb.AddBuffer(kF32, Access::kRead, b * r);
+  const Buffer rstd = kb.AddBuffer(kF32, Access::kRead, b * r);
+  const Buffer dw = kb.AddBuffer(kF32, Access::kWrite, c);
+  const Buffer db = kb.AddBuffer(kF32, Access::kWrite, c);
+  const Var col = kb.AddOuter(c), i = kb.AddReduce(b), j = kb.AddReduce(r);
+  const Accumulator sw = kb.AddAccumulator(AccKind::kSum, kF32);
+  const Accumulator sb = kb.AddAccumulator(AccKind::kSum, kF32);
+  const Index at = MakeIndex(Size(), {{i, r * c}, {j, c}, {col, Size::Const(1)}});
+  const Index row = MakeIndex(Size(), {{i, r}, {j, Size::Const(1)}});
+  const ExprOr gv = Cast(kF32, Load(g, at));
+  kb.BeginPhase();
+  kb.Add(Accumulate(sw, Mul(gv, Mul(Sub(Load(x, at), Load(mean, row)), Load(rstd, row)))));
+  kb.Add(Accumulate(sb, gv));
+  kb.BeginBody();
+  const Index out = MakeIndex(Size(), {{col, Size::Const(1)}});
+  kb.Add(Store(dw, out, AccRead(sw, AccField::kValue)));
+  kb.Add(Store(db, out, AccRead(sb, AccField::kValue)));
+  return kb.Finish();
+}
+
 absl::StatusOr<Kernel> Bf16Chain(int64_t n) {
   KernelBuilder kb("bf16 chain");
   const Size size = Size::Const(n);

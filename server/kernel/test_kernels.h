@@ -27,6 +27,10 @@ absl::StatusOr<Kernel> LayerNorm(int64_t cols, float eps);
 
 // out[c] = sum over r of x[r, c]: a column (outer) reduction. x f32[rows, cols], out f32[cols].
 absl::StatusOr<Kernel> ColumnSum(int64_t rows, int64_t cols);
+// Layer norm's weight and bias gradients over a [batch, rows, cols] input: per column c,
+// sum over (b, r) of bf16 g[b, r, c] * (x[b, r, c] - mean[b, r]) * rstd[b, r], and of g: two
+// reduction dims, and loads along them (mean, rstd) that are the same for every column.
+absl::StatusOr<Kernel> LayerNormWeightGrad(int64_t batch, int64_t rows, int64_t cols);
 
 // out = bf16(silu(f32(a) * f32(b)) + 1) for bf16 a, b, out of n elements (a pointwise chain with
 // one rounding at the store). Buffers: b0 = a, b1 = b, b2 = out.

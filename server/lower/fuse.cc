@@ -89,6 +89,10 @@ class Fuser {
   void DecideRealized() {
     for (int32_t o : g_.outputs) {
       if (o >= 0 && !IsStorageKind(g_.values[o].kind) && g_.values[o].kind != ValueKind::kView) Realize(o, "graph output");
+      if (o >= 0 && g_.values[o].kind == ValueKind::kView) {
+        const int32_t r = ViewRoot(g_, o);
+        if (!IsStorageKind(g_.values[r].kind)) Realize(r, absl::StrCat("root of output view v", o));
+      }
     }
     for (const ExternStep& st : g_.steps) {
       for (int32_t in : st.inputs) {

@@ -7,12 +7,13 @@
 // kernel that reads them) and which are realized (computed by a kernel of their own group and,
 // if anything outside that group reads them, stored). The rules, each decision logged at debug
 // level ("fuse: ..."):
-//   1. Realized: graph outputs; values an extern step reads (the root of a view); every row-op
+//   1. Realized: graph outputs and the roots of output views; values an extern step reads (the root of a view); every row-op
 //      output; a pointwise value under a view that is not an affine window of it; with
 //      disable_fusion, every pointwise value (one kernel per op).
 //   2. Recompute rule: a pointwise value read by more than one consumer is realized unless it is
-//      cheap (one simple op: add/sub/mul without alpha, neg, abs, relu, compare, select, cast,
-//      copy, fill); a value read by a composite (softmax, layer norm: they read their input twice)
+//      cheap (one simple op: add/sub/mul without alpha, division by a power of two, neg, abs,
+//      relu, clamp, compare, select, masked_fill, threshold_backward, logical and bitwise ops,
+//      isnan/isinf, cast, copy, fill); a value read by a composite (softmax, layer norm: they read their input twice)
 //      is realized unless cheap. So an expensive producer is computed at most once per element of
 //      each kernel that reads it, and a non-cheap one at most once in the whole plan.
 //   3. Vertical fusion: a realized pointwise value joins the group of a value it reads when the

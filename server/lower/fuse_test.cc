@@ -304,6 +304,58 @@ TEST(FuseTest, ViewOfIntermediateFoldsIntoIndex) {
   EXPECT_EQ(r.plan.workspace_bytes(), 0);
 }
 
+// Attention's masked and scaled scores: the producers of a softmax's input (a select on a
+// bitwise_not of the mask, a division by a power of two, a cast) are cheap, so they are computed
+// inline in the softmax's kernel rather than stored and read back.
+TEST(FuseTest, CheapProducersOfASoftmaxAreItsPrologue) {
+  const v1::ValueMeta mask = T(v1::DTYPE_BOOL, {8, 8}, {}, v1::DEVICE_KIND_CPU);
+  GraphBuilder b;
+  b.Input("x", C32({2, 8, 8})).Input("m", mask)
+      .Call("scaled", "aten.div.Tensor", {Ref("x"), F(8.0)}, C32({2, 8, 8}))
+      .Call("not", "aten.bitwise_not.default", {Ref("m")}, mask)
+      .Call("filled", "aten.masked_fill.Scalar", {Ref("scaled"), Ref("not"), F(-1e30)}, C32({2, 8, 8}))
+      .Call("sm", "aten._softmax.default", {Ref("filled"), I(2), B(false)}, C32({2, 8, 8}))
+      .Output({"sm"});
+  const Result r = Pipeline(b.Build());
+  EXPECT_EQ(r.kernels.kernels.size(), 1u) << Log(r) << "\n" << r.text;
+  EXPECT_FALSE(absl::StrContains(Log(r), "not cheap")) << Log(r);
+  // Dividing by 3 is not exact as a multiply: that producer is stored once.
+  GraphBuilder c;
+  c.Input("x", C32({2, 8, 8}))
+      .Call("scaled", "aten.div.Tensor", {Ref("x"), F(3.0)}, C32({2, 8, 8}))
+      .Call("sm", "aten._softmax.default", {Ref("scaled"), I(2), B(false)}, C32({2, 8, 8}))
+      .Output({"sm"});
+  EXPECT_EQ(Pipeline(c.Build()).kernels.kernels.size(), 2u);
+}
+
+// A graph output that is a transpose of a computed value (AOTAutograd saves such views for the
+// backward's matmuls) is that value's storage, allocated as an output, not a copy; a slice of
+// one is copied (its root would hold more memory than the output).
+TEST(FuseTest, OutputTransposesAliasTheirRootAndSlicesAreCopied) {
+  GraphBuilder b;
+  b.Input("x", C32({4, 6}))
+      .Call("e", "aten.exp.default", {Ref("x")}, C32({4, 6}))
+      .Call("t", "aten.t.default", {Ref("e")}, C32({6, 4}, {1, 6}))
+      .Output({"t"});
+  const Result r = Pipeline(b.Build());
+  EXPECT_EQ(r.kernels.kernels.size(), 1u) << r.text;
+  ASSERT_EQ(r.plan.outputs_size(), 1);
+  const v1::PlanValue& out = r.plan.values(r.plan.outputs(0));
+  ASSERT_EQ(out.storage(), v1::PlanValue::STORAGE_VIEW);
+  EXPECT_EQ(r.plan.values(out.index()).storage(), v1::PlanValue::STORAGE_OUTPUT);
+  EXPECT_EQ(r.plan.workspace_bytes(), 0);
+
+  GraphBuilder c;
+  c.Input("x", C32({4, 6}))
+      .Call("e", "aten.exp.default", {Ref("x")}, C32({4, 6}))
+      .Call("s", "aten.slice.Tensor", {Ref("e"), I(1), I(0), I(2), I(1)}, C32({4, 2}, {6, 1}))
+      .Output({"s"});
+  const Result q = Pipeline(c.Build());
+  ASSERT_EQ(q.plan.outputs_size(), 1);
+  EXPECT_EQ(q.plan.values(q.plan.outputs(0)).storage(), v1::PlanValue::STORAGE_OUTPUT);
+  EXPECT_TRUE(absl::StrContains(q.text, "copy_of_view")) << q.text;
+}
+
 // Negative: two pointwise ops separated by an mm never fuse; the mm's input is stored.
 TEST(FuseTest, NothingFusesAcrossMm) {
   GraphBuilder b;

@@ -237,12 +237,26 @@ absl::Status LowerView(Lowerer& l, int32_t node_index) {
   return absl::OkStatus();
 }
 
-// An output that is a view of a computed value gets its own copy (its base lives in the workspace).
+// An output that is a view of a computed value: the view itself when it covers its root once (a
+// transpose or reshape of it, as AOTAutograd saves for a backward's matmuls; the plan then
+// allocates the root as an output, plan_builder.cc), else its own copy (a slice or an expand,
+// whose root would hold more memory than the output, or overlapping elements).
 absl::StatusOr<int32_t> OutputValue(Lowerer& l, int32_t v) {
   OpGraph& g = l.g();
   if (g.values[v].kind != ValueKind::kView) return v;
-  const ValueKind rk = g.values[ViewRoot(g, v)].kind;
+  const LValue& root = g.values[ViewRoot(g, v)];
+  const ValueKind rk = root.kind;
   if (rk == ValueKind::kInput || rk == ValueKind::kConstant || rk == ValueKind::kStepOutput) return v;
+  auto elements = [](const std::vector<int64_t>& sizes) {
+    int64_t n = 1;
+    for (int64_t s : sizes) n *= s;
+    return n;
+  };
+  bool whole = elements(g.values[v].sizes) == elements(root.sizes);
+  for (size_t d = 0; d < g.values[v].sizes.size(); ++d) {
+    whole = whole && !(g.values[v].sizes[d] > 1 && g.values[v].strides[d] == 0);
+  }
+  if (whole) return v;
   LValue c = g.values[v];
   c.kind = ValueKind::kPointwise;
   c.op = "copy_of_view";

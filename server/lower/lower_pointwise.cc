@@ -91,6 +91,21 @@ Combine Bin(BinaryOp op) {
   return [op](const std::vector<ExprOr>& x, ScalarType) { return k::Binary(op, x[0], x[1]); };
 }
 
+// A finite nonzero number whose magnitude is 2^k (int or float).
+bool IsPowerOfTwo(const Arg& a) {
+  double v = 0;
+  if (a.kind == Arg::Kind::kFloat) {
+    v = a.f;
+  } else if (a.kind == Arg::Kind::kInt) {
+    v = static_cast<double>(a.i);
+  } else {
+    return false;
+  }
+  if (!std::isfinite(v) || v == 0) return false;
+  int exp = 0;
+  return std::fabs(std::frexp(v, &exp)) == 0.5;
+}
+
 bool IsOne(const Arg& a) {
   return (a.kind == Arg::Kind::kInt && a.i == 1) || (a.kind == Arg::Kind::kFloat && a.f == 1.0);
 }
@@ -140,7 +155,8 @@ absl::StatusOr<PwDef> Define(Lowerer& l, const Node& n, ScalarType out) {
       {"bitwise_not", UnaryOp::kBitwiseNot}};
   for (const auto& u : kUnary) {
     if (name == u.first && ov.empty()) {
-      d.cheap = u.second == UnaryOp::kNeg || u.second == UnaryOp::kAbs || u.second == UnaryOp::kRelu;
+      d.cheap = u.second == UnaryOp::kNeg || u.second == UnaryOp::kAbs || u.second == UnaryOp::kRelu ||
+                u.second == UnaryOp::kBitwiseNot;
       return unary(u.second);
     }
   }
@@ -149,6 +165,7 @@ absl::StatusOr<PwDef> Define(Lowerer& l, const Node& n, ScalarType out) {
     const ScalarType in = l.g().values[d.operands[0].value].dtype;
     d.compute = ComputeType(in);
     d.combine = Un(name == "isnan" ? UnaryOp::kIsNan : name == "isinf" ? UnaryOp::kIsInf : UnaryOp::kLogicalNot);
+    d.cheap = true;
     return d;
   }
   if (name == "add" || name == "sub" || name == "rsub") {
@@ -170,7 +187,12 @@ absl::StatusOr<PwDef> Define(Lowerer& l, const Node& n, ScalarType out) {
     d.cheap = true;
     return binary(BinaryOp::kMul);
   }
-  if ((name == "div" && (ov == "Tensor" || ov == "Scalar")) || name == "true_divide") return binary(BinaryOp::kTrueDiv);
+  if ((name == "div" && (ov == "Tensor" || ov == "Scalar")) || name == "true_divide") {
+    KILN_ASSIGN_OR_RETURN(PwDef def, binary(BinaryOp::kTrueDiv));
+    // By a number that is a power of two (attention's 1 / sqrt(64)): exact as a multiply.
+    def.cheap = def.operands[1].value < 0 && IsPowerOfTwo(def.operands[1].number);
+    return def;
+  }
   if (name == "div") {  // Tensor_mode / Scalar_mode
     const Arg mode = n.args.size() > 2 ? n.args[2] : Arg::None();
     if (mode.kind == Arg::Kind::kNone) return binary(BinaryOp::kTrueDiv);
@@ -214,11 +236,14 @@ absl::StatusOr<PwDef> Define(Lowerer& l, const Node& n, ScalarType out) {
     d.compute = ScalarType::kBool;
     d.combine = Bin(name == "logical_and" ? BinaryOp::kLogicalAnd
                     : name == "logical_or" ? BinaryOp::kLogicalOr : BinaryOp::kLogicalXor);
+    d.cheap = true;
     return d;
   }
-  if (name == "bitwise_and") return binary(BinaryOp::kBitwiseAnd);
-  if (name == "bitwise_or") return binary(BinaryOp::kBitwiseOr);
-  if (name == "bitwise_xor") return binary(BinaryOp::kBitwiseXor);
+  if (name == "bitwise_and" || name == "bitwise_or" || name == "bitwise_xor") {
+    d.cheap = true;
+    return binary(name == "bitwise_and" ? BinaryOp::kBitwiseAnd
+                  : name == "bitwise_or" ? BinaryOp::kBitwiseOr : BinaryOp::kBitwiseXor);
+  }
   if (name == "where") {
     KILN_RETURN_IF_ERROR(opnd(0));
     KILN_RETURN_IF_ERROR(opnd(1));
@@ -234,6 +259,7 @@ absl::StatusOr<PwDef> Define(Lowerer& l, const Node& n, ScalarType out) {
     KILN_RETURN_IF_ERROR(opnd(2));
     d.operands[1].as = ScalarType::kBool;
     d.combine = [](const std::vector<ExprOr>& x, ScalarType) { return k::Select(x[1], x[2], x[0]); };
+    d.cheap = true;  // a select, as where
     return d;
   }
   if (name == "clamp" || name == "clamp_min" || name == "clamp_max" || name == "hardtanh") {
@@ -251,6 +277,7 @@ absl::StatusOr<PwDef> Define(Lowerer& l, const Node& n, ScalarType out) {
       if (has_hi) r = k::Min(r, x[i++]);
       return r;
     };
+    d.cheap = true;  // a max and a min
     return d;
   }
   if (name == "leaky_relu") {
@@ -268,6 +295,7 @@ absl::StatusOr<PwDef> Define(Lowerer& l, const Node& n, ScalarType out) {
     d.combine = [=](const std::vector<ExprOr>& x, ScalarType ct) -> ExprOr {
       return k::Select(k::Binary(BinaryOp::kLe, x[1], Literal(ct, th)), Literal(ct, Arg::Int(0)), x[0]);
     };
+    d.cheap = true;  // a compare and a select
     return d;
   }
   if (name == "sigmoid_backward" || name == "tanh_backward") {

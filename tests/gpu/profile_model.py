@@ -100,6 +100,9 @@ def main():
     ap.add_argument("--backends", default="eager,inductor,kiln")
     ap.add_argument("--kiln-option", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--kilnd", default=None)
+    ap.add_argument("--graphs", action="store_true",
+                    help="CUDA-graph modes, as scripts/bench_gpu.py --graphs: Inductor mode=\"reduce-overhead\" "
+                         "and kiln option cuda_graphs=1 (eager stays plain)")
     ap.add_argument("--cprofile", type=int, default=0, metavar="STEPS",
                     help="also run STEPS steps of each backend under cProfile and print the host "
                          "functions taking the most time (tottime)")
@@ -114,6 +117,8 @@ def main():
 
     kiln, where = gm.import_kiln()
     gm.EXTRA_KILN_OPTIONS.update(gm.parse_kiln_options(args.kiln_option))
+    if args.graphs:
+        gm.EXTRA_KILN_OPTIONS["cuda_graphs"] = True
     device = "cuda"
     batch = args.batch or bench_gpu.BENCH_BATCH.get(args.model)
     base = gm.make_case(args.model, False, device, seed=0, batch=batch)
@@ -130,7 +135,9 @@ def main():
                         server = gm.Kilnd(gm.find_kilnd(args.kilnd), tmp)
                     wrap = lambda m: gm.compile_kiln(m, server.address)  # noqa: E731
                 else:
-                    wrap = {"eager": lambda m: m, "inductor": torch.compile}[b]
+                    wrap = {"eager": lambda m: m,
+                            "inductor": (lambda m: torch.compile(m, mode="reduce-overhead")) if args.graphs
+                            else torch.compile}[b]
                 run = bench_gpu.model_runner(case, args.mode, args.dtype, device, wrap)
                 step_ms = gm.time_calls(run, device, args.iters, warmup=3)[0]
                 enqueue_ms = host_ms(run, args.iters)
