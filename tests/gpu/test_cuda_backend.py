@@ -370,6 +370,35 @@ def test_cuda_graph_mode_captures_batch_norm_updates(server):
     assert s["cuda_graph_busy"] == 0, s
 
 
+def test_cuda_graph_mode_hands_out_gradients_in_place(server):
+    """Training with cuda_graphs and an optimizer: once the backward's gradients are seen dropped
+    before its next call (zero_grad), they are returned in the graph's memory; when gradients are
+    accumulated over two micro-batches, the second backward finds them in use and runs without
+    its graph. Every step matches eager."""
+    import copy
+
+    torch.manual_seed(4)
+    eager = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 16)).cuda()
+    model = copy.deepcopy(eager)
+    compiled = torch.compile(model, backend="kiln", options={"server": server.address, "cuda_graphs": True})
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (eager, model)]
+    for step in range(12):
+        for opt in opts:
+            opt.zero_grad(set_to_none=True)
+        for _ in range(2 if step >= 8 else 1):  # the last steps accumulate two micro-batches
+            x = torch.randn(8, 32, device="cuda")
+            for fn in (eager, compiled):
+                fn(x).pow(2).mean().backward()
+        for p, q in zip(eager.parameters(), model.parameters()):
+            torch.testing.assert_close(q.grad, p.grad, **F32_GRAD)
+        for opt in opts:
+            opt.step()
+        for p, q in zip(eager.parameters(), model.parameters()):
+            torch.testing.assert_close(q, p, **F32)
+    s = assert_compiled_on_cuda(expect_graphs=2)
+    assert s["cuda_graph_captures"] == 2 and s["cuda_graph_busy"] >= 1, s
+
+
 def test_kiln_compile_package_prewarms_its_convolutions(server):
     """A second process loading a conv net's package (kiln.compile) warms its convolutions in a
     background thread (option prewarm, kiln.prewarm) and still matches eager; the first process,

@@ -17,18 +17,23 @@ spans, as torch's own cudagraphs copy activations).
                       CUDAGraph with its own memory pool and replayed.
   later calls         copy the non-static inputs in, replay, copy the outputs out.
 
-Outputs are copied out of the graph's memory pool after every replay, keeping their sizes,
-strides, storage offsets relative to each other and the aliasing among them, so the results of
-earlier calls stay valid: one torch._foreach_copy_ per dtype into new tensors, planned once per
-capture (kiln._cuda_graph_copy.CopyOut). Outputs that are views of an input (AOTAutograd's forward graphs return the inputs they
-save for the backward) are the same views of that call's input.
+Outputs are copied out of the graph's memory pool after a replay, keeping their sizes, strides,
+storage offsets relative to each other and the aliasing among them, so the results of earlier
+calls stay valid: one torch._foreach_copy_ per dtype into new tensors, planned once per capture
+(kiln._cuda_graph_copy.CopyOut). Outputs that are views of an input (AOTAutograd's forward graphs
+return the inputs they save for the backward) are the same views of that call's input. An output
+with a storage of its own whose copies were released before the next call 3 times in a row in
+the first 8 replays (a backward's gradients: autograd hands them to .grad, and zero_grad drops
+them) is returned in place from then on, as saved tensors are (below); if a call finds one still
+in use, that call runs without the graph, and that output is copied again from the next replay.
 
 A training forward's tensors saved for the backward only (Graph.saved_outputs, which the client
 fills from AOTAutograd's metadata) are not copied: the call returns them where the replay wrote
 them, in the graph's memory, and the backward, whose capture key then holds their addresses,
 reads them in place. The next replay would overwrite them, so a call first checks that none of
 what the previous replay returned there is still referenced (torch's storage use counts); if one
-is (two forwards before a backward, retain_graph), that call runs the plan without the graph.
+is (two forwards before a backward, retain_graph), that call runs the plan without the graph
+(counted as cuda_graph_busy).
 
 Input updates kept in the graph (batch norm's running statistics, a compiled optimizer's
 parameters: AOTAutograd's `aten.copy_(input, new value)` nodes) are captured with the rest. A
@@ -68,6 +73,8 @@ log = logging.getLogger("kiln")
 
 DEFAULT_MAX_GRAPHS = 4
 _MAX_SEEN = 256
+PROMOTE_AFTER = 3  # releases in a row before an output is returned in place (_Captured._observe)
+WATCHED_REPLAYS = 8
 
 
 class _NotCapturable(Exception):
@@ -288,31 +295,58 @@ class _Captured:
         self.outputs = outputs  # the graph's outputs in its pool (None where `aliases` has one)
         self.aliases = aliases  # output index -> (input index, sizes, strides, relative offset)
         self.kept = frozenset(kept)  # outputs returned in place (saved tensors), not copied out
-        self.copy_out = CopyOut(outputs, self.kept)
+        self.in_place = set()  # other outputs returned in place, once seen released (_observe)
+        self.demote = set()  # of those, the ones a call found still in use: copied from now on
+        # Outputs that may be returned in place: a storage no other output shares, not kept.
+        owners = {}
+        for o in outputs:
+            if isinstance(o, torch.Tensor) and o.numel() > 0:
+                ptr = o.untyped_storage().data_ptr()
+                owners[ptr] = owners.get(ptr, 0) + 1
+        self.candidates = {k: 0 for k, o in enumerate(outputs)  # -> releases seen in a row
+                           if k not in self.kept and isinstance(o, torch.Tensor) and o.numel() > 0
+                           and owners[o.untyped_storage().data_ptr()] == 1}
+        self.watched = {}  # candidate -> weak reference to the storage of its last copy
+        self.observed = 0
         self.device = device
         # torch's allocation function for compiled code, for the copies (on the current device)
         self.alloc = _FAST_EMPTY["cuda"] if device.type == "cuda" else None
         self.last = None  # the stream of the last replay (_TorchCuda.order)
-        # The storages of the kept outputs with their use counts while only this object holds
-        # them: a higher count means something still uses what a replay returned there.
-        storages = {}
         for k in self.kept:
-            st = outputs[k].untyped_storage()
-            storages.setdefault(st.data_ptr(), st)
-        self.idle_counts = [(st, torch._C._storage_Use_Count(st._cdata)) for st in storages.values()]
-        for ptr in storages:
-            _KEPT_STORAGES[ptr] = self
+            _KEPT_STORAGES[outputs[k].untyped_storage().data_ptr()] = self
         _remember_static_storages(static_storages)
+        self._plan()
+
+    def _plan(self):
+        """The copy-out of the outputs not returned in place, and the storages of those returned in
+        place with their use counts while only this object holds them: a higher count means
+        something still uses what a replay returned there."""
+        handed = self.kept | self.in_place
+        self.copy_out = CopyOut(self.outputs, handed)
+        self.handed = tuple(sorted(handed))
+        storages = {}
+        for k in self.handed:
+            st = self.outputs[k].untyped_storage()
+            storages.setdefault(st.data_ptr(), (st, k))
+        self.idle_counts = [(st, k, torch._C._storage_Use_Count(st._cdata)) for st, k in storages.values()]
 
     def busy(self):
         """Whether a tensor that a replay returned in place is still in use (the next replay would
-        overwrite it)."""
-        for st, idle in self.idle_counts:
+        overwrite it). An output returned in place other than a saved tensor that is still in use
+        is copied out from the first replay after it is released."""
+        busy = False
+        for st, k, idle in self.idle_counts:
             if torch._C._storage_Use_Count(st._cdata) > idle:
-                return True
-        return False
+                busy = True
+                if k in self.in_place:
+                    self.demote.add(k)
+        return busy
 
     def replay(self, inputs):
+        if self.demote:  # released now (busy() said so)
+            self.in_place -= self.demote
+            self.demote = set()
+            self._plan()
         self.last = _DEVICE.order(self.last, self.device)  # after the previous replay's copy-out
         for i, span in self.copied:
             span.copy_(_span_of(inputs[i]))
@@ -321,12 +355,39 @@ class _Captured:
             inputs[i].copy_(buffer)
         fast = self.alloc is not None and self.device.index == _CUDA_CURRENT()
         out = self.copy_out(self.alloc if fast else None)
-        for k in self.kept:
+        for k in self.handed:
             out[k] = self.outputs[k].detach()  # a new tensor on the graph's memory (counted by busy())
         for k, (i, sizes, strides, offset) in self.aliases.items():
             t = inputs[i]
             out[k] = t.as_strided(sizes, strides, t.storage_offset() + offset)
+        if self.candidates:
+            self._observe(out)
         return out
+
+    def _observe(self, out):
+        """Over the first WATCHED_REPLAYS replays: an output whose copies were released before the
+        next call PROMOTE_AFTER times in a row (a backward's gradients, which autograd hands to
+        .grad and zero_grad drops) is returned in place from then on, as saved tensors are."""
+        from torch.multiprocessing.reductions import StorageWeakRef
+
+        promoted = False
+        for k in list(self.candidates):
+            ref = self.watched.get(k)
+            if ref is not None:
+                self.candidates[k] = self.candidates[k] + 1 if ref.expired() else 0
+            if self.candidates[k] >= PROMOTE_AFTER:
+                del self.candidates[k]
+                self.watched.pop(k, None)
+                self.in_place.add(k)
+                promoted = True
+            else:
+                self.watched[k] = StorageWeakRef(out[k].untyped_storage())
+        self.observed += 1
+        if self.observed >= WATCHED_REPLAYS:
+            self.candidates.clear()
+            self.watched.clear()
+        if promoted:
+            self._plan()
 
 
 class _TorchCuda:

@@ -636,6 +636,45 @@ def test_cuda_graph_runner_returns_saved_outputs_in_place(fake_graphs):
     assert fake_graphs.replays == 4 + 2
 
 
+def test_cuda_graph_runner_returns_released_outputs_in_place(fake_graphs):
+    """Outputs whose copies are dropped before the next call (a backward's gradients) are returned
+    in the graph's memory after PROMOTE_AFTER such calls; one held into a later call makes that
+    call run without the graph (not overwritten) and is copied again once released. An output
+    kept across the next call (a loss) stays a copy."""
+    from kiln import counters
+
+    def backward(x, w):
+        return x.t() @ x @ w, (x * 2).sum()
+
+    w = torch.nn.Parameter(torch.randn(8, 3))
+    runner = runner_for(backward, torch.randn(4, 8), w.detach())
+    expect = lambda x: (x.t() @ x @ w.detach(), (x * 2).sum())  # noqa: E731
+    held = []
+    for i in range(2 + cuda_graphs.PROMOTE_AFTER + 2):
+        x = torch.randn(4, 8)
+        grad, total = runner([x, w])
+        torch.testing.assert_close([grad, total], list(expect(x)))
+        held = [total]  # the "loss" lives into the next call; the "gradient" does not
+        del grad
+    (captured,) = runner._graphs.values()
+    assert captured.in_place == {0}
+    x = torch.randn(4, 8)
+    grad, _ = runner([x, w])
+    assert grad.data_ptr() == captured.outputs[0].data_ptr()
+    # Held into the next call: that call runs without the graph, and the held one is intact.
+    replays = fake_graphs.replays
+    x2 = torch.randn(4, 8)
+    grad2, _ = runner([x2, w])
+    torch.testing.assert_close(grad, expect(x)[0])
+    torch.testing.assert_close(grad2, expect(x2)[0])
+    assert fake_graphs.replays == replays and counters.stats()["cuda_graph_busy"] == 1
+    del grad, grad2, held
+    grad3, _ = runner([x, w])  # released: a replay again, the gradient copied from now on
+    assert fake_graphs.replays == replays + 1 and captured.in_place == set()
+    assert grad3.data_ptr() != captured.outputs[0].data_ptr()
+    torch.testing.assert_close(grad3, expect(x)[0])
+
+
 def test_static_storages_are_forgotten_once_freed():
     """A parameter a forward returned is read in place by address only while its storage lives:
     a later tensor at a freed one's address is copied like any other."""
