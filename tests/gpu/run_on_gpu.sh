@@ -17,6 +17,8 @@
 #                    that a GPU process then hits)
 #          profile   tests/gpu/profile_model.py (one model step's GPU kernels and host time, eager vs
 #                    Inductor vs kiln; default ResNet-18 inference)
+#          hostsplit tests/gpu/host_split.py (a training step's host time: forward call, backward,
+#                    optimizer, kiln's guard and CUDA-graph runner; Inductor vs kiln)
 #          softmax   tests/gpu/softmax_shapes.py (row softmaxes over vocabulary rows and sliced
 #                    inputs through torch.compile: kiln vs eager vs Inductor)
 # Extra arguments for one step: STEP_ARGS_<STEP> (e.g. STEP_ARGS_models="--only resnet50").
@@ -69,6 +71,7 @@ for step in "$@"; do
     kernels) run_step kernels python3 tests/gpu/cuda_kernels_check.py --cubins build/cuda_fixtures "${extra[@]}" ;;
     precompile) run_step precompile python3 tests/gpu/precompile_check.py --kilnd "$KILND" "${extra[@]}" ;;
     profile) run_step profile python3 tests/gpu/profile_model.py --kilnd "$KILND" "${extra[@]}" ;;
+    hostsplit) run_step hostsplit python3 tests/gpu/host_split.py --kilnd "$KILND" "${extra[@]}" ;;
     softmax) run_step softmax python3 tests/gpu/softmax_shapes.py --kilnd "$KILND" "${extra[@]}" ;;
     bench) run_step bench python3 scripts/bench_gpu.py --kilnd "$KILND" "${extra[@]}" ;;
     dynamic) run_step dynamic python3 scripts/bench_dynamic.py --kilnd "$KILND" "${extra[@]}" ;;

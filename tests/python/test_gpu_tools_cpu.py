@@ -1,7 +1,7 @@
-"""The GPU checking tools (tests/gpu/models_check.py, graph_diff.py and softmax_shapes.py,
-scripts/bench_gpu.py) run on the CPU too (--device cpu --quick): these smoke runs keep them
-working between GPU sessions, against a real kilnd and torch, and pin models_check's float64
-second opinion for training (the jittered eager peer and the training spread)."""
+"""The GPU checking tools (tests/gpu/models_check.py, graph_diff.py, softmax_shapes.py and
+host_split.py, scripts/bench_gpu.py) run on the CPU too (--device cpu --quick): these smoke runs
+keep them working between GPU sessions, against a real kilnd and torch, and pin models_check's
+float64 second opinion for training (the jittered eager peer and the training spread)."""
 import math
 import os
 import re
@@ -125,3 +125,11 @@ def test_softmax_shapes_smoke():
     rows = [line for line in out.splitlines() if line.startswith("| softmax")]
     assert len(rows) == 3 and "of x[:, 1:]" in rows[1], out[-3000:]
     assert "0 ran eagerly" in out, out[-3000:]
+
+
+def test_host_split_smoke():
+    """tests/gpu/host_split.py: medians of the step's parts per backend, and kiln's guard time."""
+    code, out = run_tool(GPU_TOOLS / "host_split.py", "--backends", "eager,kiln", "--steps", "2", "--warmup", "2")
+    assert code == 0, out[-3000:]
+    assert re.search(r"^\| kiln +\| [\d.]+ +\| [\d.]+ +\| [\d.]+ +\| [\d.]+ +\|$", out, re.M), out[-3000:]
+    assert re.search(r"^\| guard \(StaticGuard.bind\) +\| [\d.]+ +\| 2 +\|$", out, re.M), out[-3000:]

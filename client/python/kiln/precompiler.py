@@ -28,7 +28,10 @@ are compiled on first use, as without precompile):
     first compile for a shape is; graphs a process compiles after automatic-dynamic recompiles,
     or with ``mark_dynamic``, are not covered;
   * autocast, ``torch.backends`` flags and Dynamo/AOTAutograd configuration must match the real
-    process's (they are whatever this process has set);
+    process's (they are whatever this process has set). CUDA autocast cannot: a torch without
+    CUDA disables ``torch.autocast("cuda")`` (it warns), and meta tensors never take CUDA's
+    autocast path, so a model trained under it is captured as its fp32 graphs, whose keys differ
+    (precompile a model that converts its own dtypes, or on a machine with a GPU);
   * ``training=False`` captures the inference graph, as the model runs under ``torch.no_grad()``;
     a process that calls it with gradients enabled and parameters requiring grad runs the
     training forward graph instead (use ``training=True`` for it).
