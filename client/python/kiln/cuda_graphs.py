@@ -274,7 +274,9 @@ def _capture(executor, inputs, symbols, static, device, updated=(), kept=frozens
         base = static_inputs[i]
         if o.dtype != base.dtype:
             raise _NotCapturable(f"output {k} views input {i} as another dtype")
-        aliases[k] = (i, tuple(o.size()), tuple(o.stride()), o.storage_offset() - base.storage_offset())
+        offset = o.storage_offset() - base.storage_offset()
+        aliases[k] = (i, tuple(o.size()), tuple(o.stride()), offset,
+                      o.size() == base.size() and o.stride() == base.stride() and offset == 0)
     outputs = [None if k in aliases else o for k, o in enumerate(outputs)]
     kept = {k for k in kept if k < len(outputs) and isinstance(outputs[k], torch.Tensor)}
     # A kept output must not share its memory with a copied one (their copies would not alias).
@@ -293,7 +295,8 @@ class _Captured:
         self.copied = copied
         self.written_back = written_back
         self.outputs = outputs  # the graph's outputs in its pool (None where `aliases` has one)
-        self.aliases = aliases  # output index -> (input index, sizes, strides, relative offset)
+        # output index -> (input index, sizes, strides, relative offset, whether it is the input)
+        self.aliases = aliases
         self.kept = frozenset(kept)  # outputs returned in place (saved tensors), not copied out
         self.in_place = set()  # other outputs returned in place, once seen released (_observe)
         self.demote = set()  # of those, the ones a call found still in use: copied from now on
@@ -357,9 +360,9 @@ class _Captured:
         out = self.copy_out(self.alloc if fast else None)
         for k in self.handed:
             out[k] = self.outputs[k].detach()  # a new tensor on the graph's memory (counted by busy())
-        for k, (i, sizes, strides, offset) in self.aliases.items():
+        for k, (i, sizes, strides, offset, whole) in self.aliases.items():
             t = inputs[i]
-            out[k] = t.as_strided(sizes, strides, t.storage_offset() + offset)
+            out[k] = t if whole else t.as_strided(sizes, strides, t.storage_offset() + offset)
         if self.candidates:
             self._observe(out)
         return out
