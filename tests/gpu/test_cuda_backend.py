@@ -374,7 +374,8 @@ def test_cuda_graph_mode_hands_out_gradients_in_place(server):
     """Training with cuda_graphs and an optimizer: once the backward's gradients are seen dropped
     before its next call (zero_grad), they are returned in the graph's memory; when gradients are
     accumulated over two micro-batches, the second backward finds them in use and runs without
-    its graph. Every step matches eager."""
+    its graph, and the backward is captured again, copying its gradients. Every step matches
+    eager."""
     import copy
 
     torch.manual_seed(4)
@@ -396,7 +397,8 @@ def test_cuda_graph_mode_hands_out_gradients_in_place(server):
         for p, q in zip(eager.parameters(), model.parameters()):
             torch.testing.assert_close(q, p, **F32)
     s = assert_compiled_on_cuda(expect_graphs=2)
-    assert s["cuda_graph_captures"] == 2 and s["cuda_graph_busy"] >= 1, s
+    # The forward at step 1; the backward at step 2 and again at step 9, after the busy call at step 8.
+    assert s["cuda_graph_captures"] == 3 and s["cuda_graph_busy"] == 1, s
 
 
 def test_kiln_compile_package_prewarms_its_convolutions(server):

@@ -25,7 +25,8 @@ return the inputs they save for the backward) are the same views of that call's 
 with a storage of its own whose copies were released before the next call 3 times in a row in
 the first 8 replays (a backward's gradients: autograd hands them to .grad, and zero_grad drops
 them) is returned in place from then on, as saved tensors are (below); if a call finds one still
-in use, that call runs without the graph, and that output is copied again from the next replay.
+in use (gradient accumulation), that call runs without the graph, and the next one captures the
+graph again (a new memory pool; the caller keeps the old one's tensor), copying that output.
 
 A training forward's tensors saved for the backward only (Graph.saved_outputs, which the client
 fills from AOTAutograd's metadata) are not copied: the call returns them where the replay wrote
@@ -154,6 +155,7 @@ class CudaGraphRunner:
         self._seen = set()
         self._graphs = {}  # key -> _Captured
         self._failed = set()  # keys whose capture failed or was refused
+        self._copied = set()  # outputs once returned in place and then found in use: always copied
         self._lock = threading.Lock()
         self._told = False
         if self.refusal:
@@ -197,6 +199,9 @@ class CudaGraphRunner:
             if captured is not None:
                 if captured.busy():
                     stats_mod.add("cuda_graph_busy")
+                    if captured.demote:  # its memory stays with the caller: capture again
+                        self._graphs.pop(key, None)
+                        self._copied |= captured.demote
                     return self.executor(inputs, symbols)
                 stats_mod.add("cuda_graph_replays")
                 return captured.replay(inputs)
@@ -213,7 +218,7 @@ class CudaGraphRunner:
             if not plain:
                 try:
                     captured = _capture(self.executor, inputs, symbols, static, device, self.updated,
-                                        self.kept_outputs)
+                                        self.kept_outputs, frozenset(self._copied))
                 except _NotCapturable as e:  # this key only
                     if len(self._failed) < _MAX_SEEN:
                         self._failed.add(key)
@@ -229,7 +234,8 @@ class CudaGraphRunner:
         return self.executor(inputs, symbols)
 
 
-def _capture(executor, inputs, symbols, static, device, updated=(), kept=frozenset()):
+def _capture(executor, inputs, symbols, static, device, updated=(), kept=frozenset(),
+             copied_outputs=frozenset()):
     static_inputs = list(inputs)
     copied = []  # (input index, span): the static input is a view of `span`, which is filled from
     for i, (t, s) in enumerate(zip(inputs, static)):  # the bytes the input's elements span
@@ -286,11 +292,13 @@ def _capture(executor, inputs, symbols, static, device, updated=(), kept=frozens
     static_storages = [static_inputs[i].untyped_storage() for i, *_ in aliases.values() if static[i]]
     # Not kept: static_inputs (the graph reads the static-address inputs of later calls at the
     # same addresses, and holding a kept output of another graph would keep that graph busy).
-    return _Captured(graph, copied, written_back, outputs, aliases, kept, static_storages, device)
+    return _Captured(graph, copied, written_back, outputs, aliases, kept, static_storages, device,
+                     copied_outputs)
 
 
 class _Captured:
-    def __init__(self, graph, copied, written_back, outputs, aliases, kept, static_storages, device):
+    def __init__(self, graph, copied, written_back, outputs, aliases, kept, static_storages, device,
+                 copied_outputs=frozenset()):
         self.graph = graph
         self.copied = copied
         self.written_back = written_back
@@ -299,7 +307,7 @@ class _Captured:
         self.aliases = aliases
         self.kept = frozenset(kept)  # outputs returned in place (saved tensors), not copied out
         self.in_place = set()  # other outputs returned in place, once seen released (_observe)
-        self.demote = set()  # of those, the ones a call found still in use: copied from now on
+        self.demote = set()  # of those, the ones a call found still in use (the runner captures again)
         # Outputs that may be returned in place: a storage no other output shares, not kept.
         owners = {}
         for o in outputs:
@@ -307,7 +315,8 @@ class _Captured:
                 ptr = o.untyped_storage().data_ptr()
                 owners[ptr] = owners.get(ptr, 0) + 1
         self.candidates = {k: 0 for k, o in enumerate(outputs)  # -> releases seen in a row
-                           if k not in self.kept and isinstance(o, torch.Tensor) and o.numel() > 0
+                           if k not in self.kept and k not in copied_outputs
+                           and isinstance(o, torch.Tensor) and o.numel() > 0
                            and owners[o.untyped_storage().data_ptr()] == 1}
         self.watched = {}  # candidate -> weak reference to the storage of its last copy
         self.observed = 0
@@ -335,8 +344,9 @@ class _Captured:
 
     def busy(self):
         """Whether a tensor that a replay returned in place is still in use (the next replay would
-        overwrite it). An output returned in place other than a saved tensor that is still in use
-        is copied out from the first replay after it is released."""
+        overwrite it). Outputs other than saved tensors found in use are noted in `demote`: their
+        memory now belongs to the caller, so the runner drops this graph and captures a new one
+        that copies them."""
         busy = False
         for st, k, idle in self.idle_counts:
             if torch._C._storage_Use_Count(st._cdata) > idle:
@@ -346,10 +356,6 @@ class _Captured:
         return busy
 
     def replay(self, inputs):
-        if self.demote:  # released now (busy() said so)
-            self.in_place -= self.demote
-            self.demote = set()
-            self._plan()
         self.last = _DEVICE.order(self.last, self.device)  # after the previous replay's copy-out
         for i, span in self.copied:
             span.copy_(_span_of(inputs[i]))

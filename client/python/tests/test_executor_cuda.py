@@ -639,8 +639,8 @@ def test_cuda_graph_runner_returns_saved_outputs_in_place(fake_graphs):
 def test_cuda_graph_runner_returns_released_outputs_in_place(fake_graphs):
     """Outputs whose copies are dropped before the next call (a backward's gradients) are returned
     in the graph's memory after PROMOTE_AFTER such calls; one held into a later call makes that
-    call run without the graph (not overwritten) and is copied again once released. An output
-    kept across the next call (a loss) stays a copy."""
+    call run without the graph (not overwritten), and the next call captures the graph again,
+    copying that output. An output kept across the next call (a loss) stays a copy."""
     from kiln import counters
 
     def backward(x, w):
@@ -668,11 +668,17 @@ def test_cuda_graph_runner_returns_released_outputs_in_place(fake_graphs):
     torch.testing.assert_close(grad, expect(x)[0])
     torch.testing.assert_close(grad2, expect(x2)[0])
     assert fake_graphs.replays == replays and counters.stats()["cuda_graph_busy"] == 1
-    del grad, grad2, held
-    grad3, _ = runner([x, w])  # released: a replay again, the gradient copied from now on
-    assert fake_graphs.replays == replays + 1 and captured.in_place == set()
-    assert grad3.data_ptr() != captured.outputs[0].data_ptr()
-    torch.testing.assert_close(grad3, expect(x)[0])
+    grad3, _ = runner([x2, w])  # captured again: the held gradient keeps the old graph's memory
+    assert fake_graphs.captures == 2 and fake_graphs.replays == replays + 1
+    (recaptured,) = runner._graphs.values()
+    assert recaptured is not captured and 0 not in recaptured.candidates
+    torch.testing.assert_close(grad, expect(x)[0])
+    for i in range(cuda_graphs.PROMOTE_AFTER + 2):
+        del grad3
+        grad3, _ = runner([x, w])
+        assert grad3.data_ptr() != recaptured.outputs[0].data_ptr()  # copied from now on
+        torch.testing.assert_close(grad3, expect(x)[0])
+    assert recaptured.in_place == set() and counters.stats()["cuda_graph_busy"] == 1
 
 
 def test_static_storages_are_forgotten_once_freed():
