@@ -152,6 +152,8 @@ std::vector<Case> Cases() {
   c.push_back({"rms_norm_bf16_3000_misaligned", kt::RmsNorm(3000, 1e-6f, true), {3}, true});
   c.push_back({"column_normalize", ColumnNormalize(100, 70), {}});
   c.push_back({"layer_norm_weight_grad", kt::LayerNormWeightGrad(3, 37, 70), {}});
+  c.push_back({"softmax_then_backward_512", kt::SoftmaxThenBackward(512), {5}});
+  c.push_back({"softmax_then_backward_777_misaligned", kt::SoftmaxThenBackward(777), {3}, true});
   c.push_back({"transpose_add_column_major", kt::TransposeAddColumnMajor(64, 96), {}});
   c.push_back({"transpose_add_column_major_tails", kt::TransposeAddColumnMajor(40, 70), {}});
   c.push_back({"bf16_chain", kt::Bf16Chain(1001), {}});

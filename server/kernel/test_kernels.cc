@@ -101,6 +101,29 @@ absl::StatusOr<Kernel> LayerNormWeightGrad(int64_t batch, int64_t rows, int64_t 
   return kb.Finish();
 }
 
+absl::StatusOr<Kernel> SoftmaxThenBackward(int64_t cols) {
+  KernelBuilder kb("softmax then its backward");
+  const Size n = kb.AddScalar(), c = Size::Const(cols);
+  const Buffer x = kb.AddBuffer(ScalarType::kBFloat16, Access::kRead, n * c);
+  const Buffer g = kb.AddBuffer(ScalarType::kBFloat16, Access::kRead, n * c);
+  const Buffer out = kb.AddBuffer(ScalarType::kBFloat16, Access::kWrite, n * c);
+  const Var row = kb.AddOuter(n), col = kb.AddReduce(c);
+  const Accumulator sm = kb.AddAccumulator(AccKind::kOnlineSoftmax, kF32);
+  const Accumulator dot = kb.AddAccumulator(AccKind::kSum, kF32);
+  const Index idx = ContiguousIndex({row, col}, {n, c});
+  auto y = [&]() {
+    return Div(Exp(Sub(Cast(kF32, Load(x, idx)), AccRead(sm, AccField::kMax))), AccRead(sm, AccField::kSum));
+  };
+  kb.BeginPhase();
+  kb.Add(Accumulate(sm, Cast(kF32, Load(x, idx))));
+  kb.BeginPhase();
+  kb.Add(Accumulate(dot, Mul(Cast(kF32, Load(g, idx)), y())));
+  kb.BeginPhase();
+  kb.Add(Store(out, idx, Cast(ScalarType::kBFloat16,
+                              Mul(y(), Sub(Cast(kF32, Load(g, idx)), AccRead(dot, AccField::kValue))))));
+  return kb.Finish();
+}
+
 absl::StatusOr<Kernel> Bf16Chain(int64_t n) {
   KernelBuilder kb("bf16 chain");
   const Size size = Size::Const(n);

@@ -31,6 +31,10 @@ absl::StatusOr<Kernel> ColumnSum(int64_t rows, int64_t cols);
 // sum over (b, r) of bf16 g[b, r, c] * (x[b, r, c] - mean[b, r]) * rstd[b, r], and of g: two
 // reduction dims, and loads along them (mean, rstd) that are the same for every column.
 absl::StatusOr<Kernel> LayerNormWeightGrad(int64_t batch, int64_t rows, int64_t cols);
+// A softmax recomputed and its backward in one kernel (fusion's chained row ops): bf16 scores x
+// and grad g [n0, cols] -> bf16 y * (g - sum(g * y)), y = softmax(f32(x)): phase 0 folds the
+// online softmax, phase 1 the sum of g * y, phase 2 stores.
+absl::StatusOr<Kernel> SoftmaxThenBackward(int64_t cols);
 
 // out = bf16(silu(f32(a) * f32(b)) + 1) for bf16 a, b, out of n elements (a pointwise chain with
 // one rounding at the store). Buffers: b0 = a, b1 = b, b2 = out.

@@ -40,6 +40,7 @@ class Fuser {
     s_.stored.assign(n, false);
     realized_.assign(n, false);
     member_phase_.assign(n, false);
+    member_stage_.assign(n, 0);
     step_order_.assign(g_.steps.size(), -1);
     DecideRealized();
     // Walk nodes in order: steps, row ops and realized pointwise values.
@@ -186,11 +187,29 @@ class Fuser {
     return static_cast<int32_t>(s_.groups.size()) - 1;
   }
 
-  void AddMember(int32_t gi, int32_t v, bool phase) {
+  void AddMember(int32_t gi, int32_t v, bool phase, int8_t stage = 1) {
     s_.groups[gi].members.push_back(v);
     s_.groups[gi].in_phase.push_back(phase);
+    s_.groups[gi].stage.push_back(phase ? stage : 0);
     s_.group_of[v] = gi;
     member_phase_[v] = phase;
+    member_stage_[v] = phase ? stage : 0;
+  }
+
+  // The phase a pointwise member of row group gi reading `values` (members of gi) is computed
+  // in: the latest of theirs; a body member (a row result) of a chained row op needs phase 2.
+  int8_t StageAfter(int32_t gi, const std::vector<int32_t>& values) const {
+    int8_t stage = 1;
+    for (int32_t m : values) {
+      stage = std::max<int8_t>(stage, member_stage_[m]);
+      if (!member_phase_[m] && g_.values[m].kind == ValueKind::kRowOutput) {
+        const Group& gr = s_.groups[gi];
+        for (size_t j = 0; j < gr.row_ops.size(); ++j) {
+          if (gr.row_ops[j] == g_.values[m].row_op) stage = std::max<int8_t>(stage, gr.row_stage[j] + 1);
+        }
+      }
+    }
+    return stage;
   }
 
   // How a value on a path from a phase-epilogue candidate is indexed relative to the row group:
@@ -255,6 +274,7 @@ class Fuser {
     }
     int32_t best = -1;
     bool best_phase = false;
+    int8_t best_stage = 1;
     for (const auto& [gi, hit] : r.hits) {
       const Group& gr = s_.groups[gi];
       std::string why;
@@ -290,13 +310,14 @@ class Fuser {
       if (best < 0 || gr.order > s_.groups[best].order) {
         best = gi;
         best_phase = phase;
+        best_stage = gr.kind == Group::Kind::kRow ? StageAfter(gi, hit.values) : 1;
       }
     }
     if (best >= 0) {
       Log(absl::StrCat("fuse v", v, " (", x.op, ") into group ", best,
                        s_.groups[best].kind == Group::Kind::kRow ? (best_phase ? " as a phase epilogue" : " as an epilogue")
                                                                  : " (vertical)"));
-      AddMember(best, v, best_phase);
+      AddMember(best, v, best_phase, best_stage);
       return;
     }
     if (!opt_.disable_fusion) {  // horizontal: the latest pointwise group of the same shape
@@ -342,6 +363,15 @@ class Fuser {
         if (best < 0 || gr.order > s_.groups[best].order) best = static_cast<int32_t>(gi);
       }
     }
+    const int32_t chain = best < 0 ? ChainInto(ri, r) : -1;
+    if (chain >= 0) {
+      Log(absl::StrCat("chain ", row.name, " (row", ri, ") into group ", chain, " (it reads ",
+                       g_.row_ops[s_.groups[chain].row_ops[0]].name, "'s rows where they are computed)"));
+      s_.groups[chain].row_ops.push_back(ri);
+      s_.groups[chain].row_stage.push_back(1);
+      for (const RowOutput& o : row.outputs) AddMember(chain, o.value, o.in_phase, 2);
+      return;
+    }
     if (best >= 0) {
       Log(absl::StrCat("fuse ", row.name, " (row", ri, ") into group ", best, " (horizontal: same domain ",
                        Shape(row.domain), " and reduce dims)"));
@@ -351,7 +381,42 @@ class Fuser {
       Log(absl::StrCat("new row group ", best, " for ", row.name, " (row", ri, ") domain ", Shape(row.domain)));
     }
     s_.groups[best].row_ops.push_back(ri);
+    s_.groups[best].row_stage.push_back(0);
     for (const RowOutput& o : row.outputs) AddMember(best, o.value, o.in_phase);
+  }
+
+  // Rule 3b (chaining): a row op over the same domain and reduce dims as a composite's group
+  // (softmax) that reads that composite's phase results at the domain's own index and nothing
+  // else of the group (the softmax backward of a softmax recomputed in the backward) folds its
+  // accumulators in the composite's phase, and its own phase results come in a second one: one
+  // kernel, the rows read once. The group, or -1.
+  int32_t ChainInto(int32_t ri, const Reach& all) {
+    const RowOp& row = g_.row_ops[ri];
+    if (opt_.disable_fusion) return -1;
+    Reach r;  // as `all`, with reads at the domain's index marked (row ops read their inputs there)
+    for (int32_t in : row.inputs) Visit(in, NonUnit(g_.values[in].sizes) == NonUnit(row.domain), r);
+    if (r.max_dep != all.max_dep) return -1;
+    for (const auto& [gi, hit] : r.hits) {
+      const Group& gr = s_.groups[gi];
+      if (gr.kind != Group::Kind::kRow || gr.shape != row.domain || gr.reduce_dims != row.reduce_dims ||
+          gr.row_ops.size() != 1 || !g_.row_ops[gr.row_ops[0]].composite) {
+        continue;
+      }
+      std::string why;
+      if (!hit.identity || hit.forbidden || hit.placements != std::set<bool>{true}) {
+        why = "reads the group other than at the domain's index, or a row result";
+      } else if (std::any_of(hit.values.begin(), hit.values.end(), [&](int32_t m) { return member_stage_[m] != 1; })) {
+        why = "reads a value of a later phase";
+      } else if (!OrderOk(r, gi)) {
+        why = "reads a step or kernel scheduled after it";
+      }
+      if (!why.empty()) {
+        Log(absl::StrCat("refuse chaining ", row.name, " (row", ri, ") into group ", gi, ": ", why));
+        continue;
+      }
+      return gi;
+    }
+    return -1;
   }
 
   void NeedRead(int32_t v, int32_t gi, std::vector<bool>& needed) {
@@ -405,6 +470,7 @@ class Fuser {
   Schedule s_;
   std::vector<bool> realized_;
   std::vector<bool> member_phase_;
+  std::vector<int8_t> member_stage_;
   std::vector<int32_t> step_order_;
   int32_t barrier_ = -1;  // the latest in-place step: nothing after it moves before it
 };

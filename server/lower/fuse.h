@@ -23,8 +23,13 @@
 //      same-shape elementwise edges (the epilogue index must be the row op's own); or, for a
 //      value of the domain's shape that reads the row's results only through broadcasts along
 //      exactly the reduced dims (x * rsqrt(mean(x^2) + eps) * w), a phase after the reductions
-//      (one kernel, x read once). Prologues
-//      are implicit: producers of a row op's input that are not realized are inlined into phase 0.
+//      (one kernel, x read once). Prologues are implicit: producers of a row op's input that
+//      are not realized are inlined into phase 0.
+//   3b. Chaining: a row op over the same domain and reduce dims as a composite's group (softmax)
+//      that reads that composite's phase results at the domain's index and no other member
+//      (the softmax backward of a softmax recomputed in the backward) folds its accumulators in
+//      the composite's phase and computes its own phase results in a third phase: one kernel, the
+//      probabilities never stored.
 //   4. Horizontal fusion: a reduction joins an earlier reduction group with the same domain and
 //      reduce dims that it does not read (sum with sum of squares; var_mean is one Welford); a
 //      pointwise value that joins no group by rule 3 joins the latest pointwise group of the same
@@ -56,7 +61,9 @@ struct Group {
   std::vector<int> reduce_dims;   // row groups
   std::vector<int32_t> row_ops;   // row groups: the first and its horizontal siblings
   std::vector<int32_t> members;   // values this kernel computes, in order
-  std::vector<bool> in_phase;     // per member: computed in phase 1 (row groups) rather than the body
+  std::vector<bool> in_phase;     // per member: computed in a phase (row groups) rather than the body
+  std::vector<int8_t> stage;      // per member: that phase, 1, or 2 after a chained row op's sums
+  std::vector<int8_t> row_stage;  // per row op: the phase its accumulators fold in (1: chained)
   std::vector<int32_t> stores;    // members written to memory
   int32_t order = -1;             // position in Schedule::items
 };

@@ -328,6 +328,32 @@ TEST(FuseTest, CheapProducersOfASoftmaxAreItsPrologue) {
   EXPECT_EQ(Pipeline(c.Build()).kernels.kernels.size(), 2u);
 }
 
+// A softmax recomputed in a backward and its softmax backward: one kernel, the backward's sum
+// folded in the softmax's phase and its result in a third one; the probabilities are never
+// stored. A softmax backward of a softmax that is a graph input stays a kernel of its own.
+TEST(FuseTest, SoftmaxBackwardChainsIntoItsSoftmax) {
+  GraphBuilder b;
+  b.Input("x", C32({4, 24})).Input("g", C32({4, 24}))
+      .Call("sm", "aten._softmax.default", {Ref("x"), I(1), B(false)}, C32({4, 24}))
+      .Call("gs", "aten._softmax_backward_data.default", {Ref("g"), Ref("sm"), I(1), Dt(v1::DTYPE_FLOAT32)},
+            C32({4, 24}))
+      .Output({"gs"});
+  const Result r = Pipeline(b.Build());
+  ASSERT_EQ(r.kernels.kernels.size(), 1u) << Log(r) << "\n" << r.text;
+  EXPECT_TRUE(absl::StrContains(Log(r), "chain _softmax_backward_data")) << Log(r);
+  EXPECT_EQ(r.kernels.kernels[0].kernel.phases.size(), 3u) << r.text;
+  EXPECT_EQ(r.plan.workspace_bytes(), 0);
+
+  GraphBuilder c;
+  c.Input("y", C32({4, 24})).Input("g", C32({4, 24}))
+      .Call("gs", "aten._softmax_backward_data.default", {Ref("g"), Ref("y"), I(1), Dt(v1::DTYPE_FLOAT32)},
+            C32({4, 24}))
+      .Output({"gs"});
+  const Result q = Pipeline(c.Build());
+  EXPECT_EQ(q.kernels.kernels.size(), 1u);
+  EXPECT_EQ(q.kernels.kernels[0].kernel.phases.size(), 2u) << q.text;
+}
+
 // A graph output that is a transpose of a computed value (AOTAutograd saves such views for the
 // backward's matmuls) is that value's storage, allocated as an output, not a copy; a slice of
 // one is copied (its root would hold more memory than the output).

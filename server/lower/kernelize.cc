@@ -120,7 +120,7 @@ absl::StatusOr<GraphKernel> Build(const OpGraph& g, const Schedule& s, int32_t g
   }
   k::KernelBuilder kb(absl::StrCat("group ", gi, ": ", name));
   KernelCtx ctx(g, s, gi, kb);
-  std::vector<k::Stmt> phase0, phase1, body;
+  std::vector<k::Stmt> phase0, phase1, phase2, body;
   auto store = [&](std::vector<k::Stmt>* out, int32_t m, const std::vector<Affine>& idx) -> absl::Status {
     const LValue& x = g.values[m];
     KILN_ASSIGN_OR_RETURN(k::Expr value, ctx.Load(m, idx));
@@ -154,18 +154,19 @@ absl::StatusOr<GraphKernel> Build(const OpGraph& g, const Schedule& s, int32_t g
         ctx.accs[r].push_back(kb.AddAccumulator(a.kind, a.dtype, a.approx_exp));
       }
     }
-    for (int32_t r : gr.row_ops) {
+    for (size_t j = 0; j < gr.row_ops.size(); ++j) {  // a chained row op folds in phase 1
+      const int32_t r = gr.row_ops[j];
       const auto& accs = g.row_ops[r].accs;
       for (size_t i = 0; i < accs.size(); ++i) {
         KILN_ASSIGN_OR_RETURN(k::Stmt st, k::Accumulate(ctx.accs[r][i], accs[i].value(ctx, dom)));
-        phase0.push_back(std::move(st));
+        (gr.row_stage[j] > 0 ? phase1 : phase0).push_back(std::move(st));
       }
     }
     for (int32_t m : gr.stores) {
       size_t pos = 0;
       while (gr.members[pos] != m) ++pos;
       if (gr.in_phase[pos]) {
-        KILN_RETURN_IF_ERROR(store(&phase1, m, dom));
+        KILN_RETURN_IF_ERROR(store(gr.stage[pos] > 1 ? &phase2 : &phase1, m, dom));
         continue;
       }
       // The member's non-1 dims are the outer space's non-1 dims, in order.
@@ -193,6 +194,10 @@ absl::StatusOr<GraphKernel> Build(const OpGraph& g, const Schedule& s, int32_t g
   if (!phase1.empty()) {
     kb.BeginPhase();
     for (auto& st : phase1) kb.Add(std::move(st));
+  }
+  if (!phase2.empty()) {
+    kb.BeginPhase();
+    for (auto& st : phase2) kb.Add(std::move(st));
   }
   kb.BeginBody();
   for (auto& st : body) kb.Add(std::move(st));

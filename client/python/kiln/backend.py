@@ -130,7 +130,7 @@ def make_aot(compiler_for_kind, prefetch_backward=None):
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch.partitioners import min_cut_rematerialization_partition
 
-    partition_fn = _without_detaches(min_cut_rematerialization_partition)
+    partition_fn = _without_detaches(_rows_recomputable(min_cut_rematerialization_partition))
     if prefetch_backward is not None:
         partition_fn = _partition_then(partition_fn, prefetch_backward)
     return aot_autograd(fw_compiler=compiler_for_kind(proto.GRAPH_KIND_FORWARD),
@@ -167,6 +167,54 @@ def _without_detaches(partition_fn):
         if changed:
             joint_module.recompile()
         return partition_fn(joint_module, joint_inputs, **kwargs)
+
+    return partition
+
+
+# The row ops that min-cut may recompute in a backward when kiln partitions (besides its own
+# list): a softmax (log_softmax) and its backward, which Inductor sees decomposed into reductions
+# and pointwise ops that min-cut does recompute. kilnd computes a recomputed softmax in its
+# backward's row kernel (fuse.h, rule 3b), so a bf16 attention saves its bf16 scores for the
+# backward instead of the f32 probabilities: half the bytes, and no f32 write in the forward.
+_ROW_OPS = ("_softmax", "_softmax_backward_data", "_log_softmax", "_log_softmax_backward_data")
+_ROWS = threading.local()  # .on: this thread is in a kiln partition
+_ROWS_LOCK = threading.Lock()
+
+
+def _rows_recomputable(partition_fn):
+    """partition_fn with _ROW_OPS recomputable by min-cut, in this thread only. min-cut reads its
+    op lists from torch._functorch.partitioners.get_default_op_list at each call; kiln wraps that
+    function once (the wrapper adds the ops only while a kiln partition runs in the calling thread,
+    so Inductor's partitions are unchanged). Without that function (another torch), partition_fn
+    as it is."""
+    import torch._functorch.partitioners as partitioners
+
+    with _ROWS_LOCK:
+        current = getattr(partitioners, "get_default_op_list", None)
+        if current is not None and not getattr(current, "_kiln_rows", False):
+            def op_list(original=current):
+                types = original()
+                if getattr(_ROWS, "on", False):
+                    try:
+                        for name in _ROW_OPS:
+                            op = getattr(torch.ops.aten, name)
+                            types.fusible_ops.add(op)
+                            types.recomputable_ops.add(op)
+                    except Exception as e:  # another torch's OpTypes: its own lists
+                        log.debug("kiln: softmax recomputation not offered to min-cut (%s: %s)",
+                                  type(e).__name__, e)
+                return types
+
+            op_list._kiln_rows = True
+            partitioners.get_default_op_list = op_list
+
+    def partition(joint_module, joint_inputs, **kwargs):
+        was = getattr(_ROWS, "on", False)
+        _ROWS.on = True
+        try:
+            return partition_fn(joint_module, joint_inputs, **kwargs)
+        finally:
+            _ROWS.on = was
 
     return partition
 
