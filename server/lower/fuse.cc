@@ -39,7 +39,6 @@ class Fuser {
     s_.group_of.assign(n, -1);
     s_.stored.assign(n, false);
     realized_.assign(n, false);
-    member_phase_.assign(n, false);
     member_stage_.assign(n, 0);
     step_order_.assign(g_.steps.size(), -1);
     DecideRealized();
@@ -146,7 +145,7 @@ class Fuser {
     if (s_.group_of[v] >= 0) {
       Hit& h = r.hits[s_.group_of[v]];
       h.identity = h.identity && identity;
-      h.placements.insert(member_phase_[v]);
+      h.placements.insert(member_stage_[v] > 0);
       h.values.push_back(v);
       return;
     }
@@ -159,7 +158,7 @@ class Fuser {
         Hit& h = r.hits[s_.group_of[root]];
         if (!ViewIsAffine(g_, v)) h.forbidden = true;
         h.identity = h.identity && identity && IsSqueezeView(g_, v);
-        h.placements.insert(member_phase_[root]);
+        h.placements.insert(member_stage_[root] > 0);
         h.values.push_back(root);
         return;
       }
@@ -189,10 +188,8 @@ class Fuser {
 
   void AddMember(int32_t gi, int32_t v, bool phase, int8_t stage = 1) {
     s_.groups[gi].members.push_back(v);
-    s_.groups[gi].in_phase.push_back(phase);
     s_.groups[gi].stage.push_back(phase ? stage : 0);
     s_.group_of[v] = gi;
-    member_phase_[v] = phase;
     member_stage_[v] = phase ? stage : 0;
   }
 
@@ -202,7 +199,7 @@ class Fuser {
     int8_t stage = 1;
     for (int32_t m : values) {
       stage = std::max<int8_t>(stage, member_stage_[m]);
-      if (!member_phase_[m] && g_.values[m].kind == ValueKind::kRowOutput) {
+      if (member_stage_[m] == 0 && g_.values[m].kind == ValueKind::kRowOutput) {
         const Group& gr = s_.groups[gi];
         for (size_t j = 0; j < gr.row_ops.size(); ++j) {
           if (gr.row_ops[j] == g_.values[m].row_op) stage = std::max<int8_t>(stage, gr.row_stage[j] + 1);
@@ -247,7 +244,7 @@ class Fuser {
   bool AlongRows(int32_t v, Along along, int32_t gi) const {
     const LValue& x = g_.values[v];
     if (s_.group_of[v] == gi) {
-      return member_phase_[v] ? along == Along::kDomain : along == Along::kRow;
+      return member_stage_[v] > 0 ? along == Along::kDomain : along == Along::kRow;
     }
     if (s_.group_of[v] >= 0 || IsStorageKind(x.kind)) return true;  // loaded from memory
     const Group& gr = s_.groups[gi];
@@ -388,7 +385,7 @@ class Fuser {
   // Rule 3b (chaining): a row op over the same domain and reduce dims as a composite's group
   // (softmax) that reads that composite's phase results at the domain's own index and nothing
   // else of the group (the softmax backward of a softmax recomputed in the backward) folds its
-  // accumulators in the composite's phase, and its own phase results come in a second one: one
+  // accumulators in the composite's phase, and its own phase results come in a third phase: one
   // kernel, the rows read once. The group, or -1.
   int32_t ChainInto(int32_t ri, const Reach& all) {
     const RowOp& row = g_.row_ops[ri];
@@ -469,8 +466,7 @@ class Fuser {
   const FuseOptions opt_;
   Schedule s_;
   std::vector<bool> realized_;
-  std::vector<bool> member_phase_;
-  std::vector<int8_t> member_stage_;
+  std::vector<int8_t> member_stage_;  // per value: its group's Group::stage entry
   std::vector<int32_t> step_order_;
   int32_t barrier_ = -1;  // the latest in-place step: nothing after it moves before it
 };

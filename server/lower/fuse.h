@@ -7,14 +7,14 @@
 // kernel that reads them) and which are realized (computed by a kernel of their own group and,
 // if anything outside that group reads them, stored). The rules, each decision logged at debug
 // level ("fuse: ..."):
-//   1. Realized: graph outputs and the roots of output views; values an extern step reads (the root of a view); every row-op
-//      output; a pointwise value under a view that is not an affine window of it; with
-//      disable_fusion, every pointwise value (one kernel per op).
+//   1. Realized: graph outputs and the roots of output views; values an extern step reads (the
+//      root of a view); every row-op output; a pointwise value under a view that is not an affine
+//      window of it; with disable_fusion, every pointwise value (one kernel per op).
 //   2. Recompute rule: a pointwise value read by more than one consumer is realized unless it is
 //      cheap (one simple op: add/sub/mul without alpha, division by a power of two, neg, abs,
 //      relu, clamp, compare, select, masked_fill, threshold_backward, logical and bitwise ops,
-//      isnan/isinf, cast, copy, fill); a value read by a composite (softmax, layer norm: they read their input twice)
-//      is realized unless cheap. So an expensive producer is computed at most once per element of
+//      isnan/isinf, cast, copy, fill); a value read by a composite (softmax, layer norm: they
+//      read their input twice) is realized unless cheap. So an expensive producer is computed at most once per element of
 //      each kernel that reads it, and a non-cheap one at most once in the whole plan.
 //   3. Vertical fusion: a realized pointwise value joins the group of a value it reads when the
 //      iteration spaces agree: a pointwise group of the same shape (unless it reads a non-cheap
@@ -61,8 +61,8 @@ struct Group {
   std::vector<int> reduce_dims;   // row groups
   std::vector<int32_t> row_ops;   // row groups: the first and its horizontal siblings
   std::vector<int32_t> members;   // values this kernel computes, in order
-  std::vector<bool> in_phase;     // per member: computed in a phase (row groups) rather than the body
-  std::vector<int8_t> stage;      // per member: that phase, 1, or 2 after a chained row op's sums
+  std::vector<int8_t> stage;      // per member: 0 in the body (row groups: at the row's index), or
+                                  // the phase computing it (1; 2 after a chained row op's sums)
   std::vector<int8_t> row_stage;  // per row op: the phase its accumulators fold in (1: chained)
   std::vector<int32_t> stores;    // members written to memory
   int32_t order = -1;             // position in Schedule::items

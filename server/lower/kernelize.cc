@@ -165,7 +165,7 @@ absl::StatusOr<GraphKernel> Build(const OpGraph& g, const Schedule& s, int32_t g
     for (int32_t m : gr.stores) {
       size_t pos = 0;
       while (gr.members[pos] != m) ++pos;
-      if (gr.in_phase[pos]) {
+      if (gr.stage[pos] > 0) {
         KILN_RETURN_IF_ERROR(store(gr.stage[pos] > 1 ? &phase2 : &phase1, m, dom));
         continue;
       }

@@ -247,16 +247,11 @@ absl::StatusOr<int32_t> OutputValue(Lowerer& l, int32_t v) {
   const LValue& root = g.values[ViewRoot(g, v)];
   const ValueKind rk = root.kind;
   if (rk == ValueKind::kInput || rk == ValueKind::kConstant || rk == ValueKind::kStepOutput) return v;
-  auto elements = [](const std::vector<int64_t>& sizes) {
-    int64_t n = 1;
-    for (int64_t s : sizes) n *= s;
-    return n;
-  };
-  bool whole = elements(g.values[v].sizes) == elements(root.sizes);
+  bool overlapping = false;
   for (size_t d = 0; d < g.values[v].sizes.size(); ++d) {
-    whole = whole && !(g.values[v].sizes[d] > 1 && g.values[v].strides[d] == 0);
+    overlapping |= g.values[v].sizes[d] > 1 && g.values[v].strides[d] == 0;
   }
-  if (whole) return v;
+  if (!overlapping && g.values[v].numel() == root.numel()) return v;
   LValue c = g.values[v];
   c.kind = ValueKind::kPointwise;
   c.op = "copy_of_view";
@@ -264,8 +259,6 @@ absl::StatusOr<int32_t> OutputValue(Lowerer& l, int32_t v) {
   c.inputs = {v};
   c.storage_offset = 0;
   c.meta.mutable_storage_offset()->set_constant(0);
-  bool overlapping = false;
-  for (size_t d = 0; d < c.sizes.size(); ++d) overlapping |= c.sizes[d] > 1 && c.strides[d] == 0;
   if (overlapping) {  // expanded: materialize densely
     int64_t s = 1;
     for (int d = static_cast<int>(c.sizes.size()) - 1; d >= 0; --d) {

@@ -18,6 +18,17 @@ def _span_of(t):
     return t.as_strided((_extent(t),), (1,), t.storage_offset())
 
 
+def storage_owners(outputs, skip=()):
+    """{storage data pointer: how many of `outputs` (a list that may hold non-tensors) whose index
+    is not in `skip` have elements there}."""
+    owners = {}
+    for i, o in enumerate(outputs):
+        if isinstance(o, torch.Tensor) and i not in skip and o.numel() > 0:
+            ptr = o.untyped_storage().data_ptr()
+            owners[ptr] = owners.get(ptr, 0) + 1
+    return owners
+
+
 def copy_out(outputs, keep=(), alloc=None):
     """New tensors with the values of `outputs` (a list that may hold non-tensors), laid out as
     they are: same sizes and strides, outputs that share a storage share one new storage at the
@@ -38,11 +49,7 @@ class CopyOut:
 
     def __init__(self, outputs, keep=()):
         self.template = list(outputs)
-        owners = {}
-        for i, o in enumerate(outputs):
-            if isinstance(o, torch.Tensor) and i not in keep and o.numel() > 0:
-                ptr = o.untyped_storage().data_ptr()
-                owners[ptr] = owners.get(ptr, 0) + 1
+        owners = storage_owners(outputs, keep)
         self.empty = []  # (index, sizes, strides, dtype, device)
         alone = {}  # (device, dtype) -> ([index], [(sizes, strides)], [output])
         groups = {}  # (device, storage) -> [index]

@@ -66,7 +66,8 @@ import torch
 
 from kiln import counters as stats_mod
 from kiln._exec_kernels import _current_stream
-from kiln._cuda_graph_copy import CopyOut, _extent, _span_of, copy_out  # noqa: F401 (copy_out: API)
+from kiln._cuda_graph_copy import copy_out  # noqa: F401 (API)
+from kiln._cuda_graph_copy import CopyOut, _extent, _span_of, storage_owners
 from kiln._cuda_graph_inspect import inspect_graph
 from kiln.executor import _CUDA_CURRENT, _FAST_EMPTY
 
@@ -155,7 +156,7 @@ class CudaGraphRunner:
         self._seen = set()
         self._graphs = {}  # key -> _Captured
         self._failed = set()  # keys whose capture failed or was refused
-        self._copied = set()  # outputs once returned in place and then found in use: always copied
+        self._copied_outputs = set()  # once returned in place and then found in use: always copied
         self._lock = threading.Lock()
         self._told = False
         if self.refusal:
@@ -201,7 +202,7 @@ class CudaGraphRunner:
                     stats_mod.add("cuda_graph_busy")
                     if captured.demote:  # its memory stays with the caller: capture again
                         self._graphs.pop(key, None)
-                        self._copied |= captured.demote
+                        self._copied_outputs |= captured.demote
                     return self.executor(inputs, symbols)
                 stats_mod.add("cuda_graph_replays")
                 return captured.replay(inputs)
@@ -218,7 +219,7 @@ class CudaGraphRunner:
             if not plain:
                 try:
                     captured = _capture(self.executor, inputs, symbols, static, device, self.updated,
-                                        self.kept_outputs, frozenset(self._copied))
+                                        self.kept_outputs, frozenset(self._copied_outputs))
                 except _NotCapturable as e:  # this key only
                     if len(self._failed) < _MAX_SEEN:
                         self._failed.add(key)
@@ -309,11 +310,7 @@ class _Captured:
         self.in_place = set()  # other outputs returned in place, once seen released (_observe)
         self.demote = set()  # of those, the ones a call found still in use (the runner captures again)
         # Outputs that may be returned in place: a storage no other output shares, not kept.
-        owners = {}
-        for o in outputs:
-            if isinstance(o, torch.Tensor) and o.numel() > 0:
-                ptr = o.untyped_storage().data_ptr()
-                owners[ptr] = owners.get(ptr, 0) + 1
+        owners = storage_owners(outputs)
         self.candidates = {k: 0 for k, o in enumerate(outputs)  # -> releases seen in a row
                            if k not in self.kept and k not in copied_outputs
                            and isinstance(o, torch.Tensor) and o.numel() > 0
