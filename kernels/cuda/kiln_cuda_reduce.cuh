@@ -12,7 +12,9 @@
 //   * block_allreduce: the row's threads are the whole block (warp all-reduce, then each thread
 //     folds the per-warp results from shared memory in warp order);
 //   * column_allreduce: thread t of a block serves point t % rx with lane t / rx (column
-//     reductions: coalesced across points); partials meet in shared memory.
+//     reductions: coalesced across points); partials meet in shared memory;
+//     column_allreduce_vec: the same for V accumulators per thread (vector columns: thread t
+//     serves points V * (t % rx) + j), one tree for all of them.
 // dynamic_smem(): the block's dynamic shared memory (extern __shared__), for row caches.
 // Merges: sum/prod/max/min through SumOp/ProdOp/MaxOp/MinOp (NaN-propagating), argmax/argmin with
 // torch's rule (NaN is the extreme, the smallest index wins ties), Welford by Chan et al.,
@@ -180,6 +182,42 @@ template <typename S, typename Op> KILN_DEV S column_allreduce(S s, Op op, void*
   for (int l = 1; l < lanes; ++l) r = op(r, slots[l * rx + point]);
   __syncthreads();
   return r;
+}
+
+// column_allreduce over the V accumulators `s` of each thread (points V * (t % rx) + j), in place:
+// `smem` holds V * blockDim.x states, lane-major (slot j * blockDim.x + t: consecutive threads,
+// consecutive slots). The same folds in the same order as V column_allreduce calls, with the
+// barriers of one.
+template <int V, typename S, typename Op> KILN_DEV void column_allreduce_vec(S (&s)[V], Op op, void* smem, int rx) {
+  S* slots = static_cast<S*>(smem);
+  const int n = static_cast<int>(blockDim.x);
+  const int t = static_cast<int>(threadIdx.x);
+#pragma unroll
+  for (int j = 0; j < V; ++j) slots[j * n + t] = s[j];
+  __syncthreads();
+  const int point = t % rx;
+  const int lanes = n / rx;
+  if ((lanes & (lanes - 1)) == 0) {
+    const int lane = t / rx;
+    for (int half = lanes / 2; half > 0; half /= 2) {
+      if (lane < half) {
+#pragma unroll
+        for (int j = 0; j < V; ++j) slots[j * n + t] = op(slots[j * n + t], slots[j * n + t + half * rx]);
+      }
+      __syncthreads();
+    }
+#pragma unroll
+    for (int j = 0; j < V; ++j) s[j] = slots[j * n + point];
+    __syncthreads();
+    return;
+  }
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    S r = slots[j * n + point];
+    for (int l = 1; l < lanes; ++l) r = op(r, slots[j * n + l * rx + point]);
+    s[j] = r;
+  }
+  __syncthreads();
 }
 
 // The block's dynamic shared memory (the launch's shared_bytes; kSharedRow's row cache), 16-aligned.

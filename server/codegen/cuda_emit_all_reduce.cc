@@ -120,6 +120,11 @@ void CudaKernelEmitter::EmitAllReduces(const std::vector<Stmt>& stmts, int64_t c
     if (s.kind != StmtKind::kAccumulate || !done.insert(s.acc.id).second) continue;
     const std::string acc = absl::StrCat("acc", s.acc.id);
     auto two = two_pass_.find(s.acc.id);
+    if (launch_.layout == CudaLayout::kColumn && width_ > 1) {  // vector columns: every lane's at once
+      w_.Linef("kiln_cuda::column_allreduce_vec(kiln_acc", s.acc.id, ", ", ReduceOp(s.acc.kind),
+               ", kiln_smem, ", column_points_, ");");
+      continue;
+    }
     if (two == two_pass_.end()) {
       allreduce(acc, ReduceOp(s.acc.kind));
       continue;

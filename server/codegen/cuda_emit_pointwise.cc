@@ -86,7 +86,7 @@ void CudaKernelEmitter::EmitPointwise() {
   }
   w_.Linef("const idx_t kiln_base = kiln_c * ", width, ";");
   w_.Open(absl::StrCat("if (kiln_vec && kiln_base + ", width, " <= ", inner, ")"));
-  EmitVectorLanes(k_.body, plan, x, "kiln_base", [&](const std::string& value) {
+  EmitVectorLanes(k_.body, plan, x, "kiln_base", [&](const std::string& value, int) {
     w_.Linef("const idx_t ", xn, " = ", value, ";");
   });
   w_.Close();

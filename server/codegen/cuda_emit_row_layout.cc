@@ -71,6 +71,19 @@ int CudaKernelEmitter::NarrowestColumnLoad() const {
   return bytes;
 }
 
+VecPlan CudaKernelEmitter::PlanColumnVector() {
+  const absl::optional<int64_t> extent = k_.outer.back().AsConst();
+  if (!extent) return VecPlan();
+  std::vector<Stmt> all;
+  for (const kernel::Phase& p : k_.phases) all.insert(all.end(), p.stmts.begin(), p.stmts.end());
+  const Var x{VarKind::kOuter, static_cast<int32_t>(k_.outer.size()) - 1};
+  for (int width = kColumnVector; width > 1; width /= 2) {
+    VecPlan plan = PlanVector(all, x, width);
+    if (plan.width > 1 && !plan.loads.empty() && *extent % plan.width == 0) return plan;
+  }
+  return VecPlan();
+}
+
 void CudaKernelEmitter::ChooseRowLayout(const Size& rows, absl::optional<int64_t> total_c) {
   launch_.work = rows;
   int max_state = 0;
@@ -79,28 +92,50 @@ void CudaKernelEmitter::ChooseRowLayout(const Size& rows, absl::optional<int64_t
     // Enough threads per point (8..32) that the blocks fill every SM: a column reduction has
     // few points, and each thread's loads are strided.
     launch_.layout = CudaLayout::kColumn;
+    column_plan_ = PlanColumnVector();
+    const int vec = column_vec_ = column_plan_.width;
+    const int narrowest = NarrowestColumnLoad();
     group_ = 32;
-    column_points_ = kColumnPoints;
+    // Vector columns: each row of a block's points is 128 bytes of the narrowest vector load
+    // (a bf16 batch norm's partials: 16 threads of 4 channels); scalar ones: 32 points.
+    column_points_ = vec == 1 ? kColumnPoints : std::max(1, std::min(kColumnPoints, 128 / (vec * narrowest)));
+    int max_group = 1024 / column_points_;
     if (const absl::optional<int64_t> points = rows.AsConst()) {
       // Fewer points than a block per SM (a batch norm's 32 x 64 (n, c) partials): narrower
       // blocks, down to 32 bytes of the narrowest coalesced load per row (a whole sector), and
       // more threads per point. 2048 bf16 points: 64 blocks of 32 x 32 threads -> 128 of 16 x 64.
-      const int narrowest = NarrowestColumnLoad();
-      while (column_points_ / 2 * narrowest >= 32 &&
-             (*points + column_points_ - 1) / column_points_ < num_sms_) {
+      auto blocks_of = [&](int threads) { return (*points + int64_t{threads} * vec - 1) / (int64_t{threads} * vec); };
+      while (column_points_ / 2 * vec * narrowest >= 32 && blocks_of(column_points_) < num_sms_) {
         column_points_ /= 2;
       }
-      const int64_t blocks = (*points + column_points_ - 1) / column_points_;
-      const int max_group = 1024 / column_points_;
-      group_ = 8;
+      const int64_t blocks = blocks_of(column_points_);
+      max_group = 1024 / column_points_;
+      const int min_group = std::max(8, 32 / column_points_);  // whole warps
+      // Vector columns: the all-reduce's V states per thread within kColumnSmemBytes, and at
+      // least 16 rows per thread where the reduction's length is known (a split batch norm's
+      // partials are a few hundred rows: fewer, longer-running threads rather than a tree over
+      // many lanes that each load a few rows).
+      if (vec > 1) {
+        while (max_group > min_group && column_points_ * max_group * vec * max_state > kColumnSmemBytes) {
+          max_group /= 2;
+        }
+        if (total_c) {
+          while (max_group > min_group && *total_c < int64_t{max_group} * 16) max_group /= 2;
+        }
+      }
+      group_ = min_group;
       while (group_ < max_group && blocks * column_points_ * group_ < int64_t{num_sms_} * kThreadsPerSm) {
         group_ *= 2;
       }
+    } else if (vec > 1) {
+      while (group_ > std::max(8, 32 / column_points_) && column_points_ * group_ * vec * max_state > kColumnSmemBytes) {
+        group_ /= 2;
+      }
     }
     launch_.block = column_points_ * group_;
-    launch_.work_per_block = column_points_;
+    launch_.work_per_block = column_points_ * vec;
     launch_.max_grid = int64_t{num_sms_} * (kThreadsPerSm / launch_.block) * 4;
-    smem_bytes_ = launch_.block * max_state;
+    smem_bytes_ = launch_.block * max_state * vec;
   } else if (total_c && *total_c <= kWarpRowLimit) {
     launch_.layout = CudaLayout::kWarpPerRow;
     launch_.block = kRowsBlock;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/types/optional.h"
 #include "server/codegen/cuda_emitter.h"
 #include "server/codegen/cuda_kernel_emitter.h"
@@ -72,19 +73,28 @@ void CudaKernelEmitter::EmitRows() {
       w_.Open(absl::StrCat("for (idx_t kiln_u = blockIdx.x / ", launch_.cluster, "u; kiln_u < ",
                            rows_code, "; kiln_u += gridDim.x / ", launch_.cluster, "u)"));
       break;
-    default:
+    default: {
+      // Vector columns: thread t serves points kiln_u .. kiln_u + V - 1 (one vector of each load
+      // along the last outer variable, whose extent V divides: no vector straddles two rows).
+      const int points = column_points_ * column_vec_;
       w_.Linef("const int kiln_lane = threadIdx.x / ", column_points_, ";");
-      w_.Open(absl::StrCat("for (idx_t kiln_p = static_cast<idx_t>(blockIdx.x) * ", column_points_,
+      w_.Open(absl::StrCat("for (idx_t kiln_p = static_cast<idx_t>(blockIdx.x) * ", points,
                            "; kiln_p < ", rows_code, "; kiln_p += static_cast<idx_t>(gridDim.x) * ",
-                           column_points_, ")"));
-      w_.Linef("const idx_t kiln_u = kiln_p + threadIdx.x % ", column_points_, ";");
+                           points, ")"));
+      w_.Linef("const idx_t kiln_u = kiln_p + threadIdx.x % ", column_points_,
+               column_vec_ > 1 ? absl::StrCat(" * ", column_vec_) : "", ";");
       w_.Linef("const bool kiln_active = kiln_u < ", rows_code, ";");
       break;
+    }
   }
   if (k > 0) EmitDecompose("kiln_u", k);
-  // A vector path along r0 when the reduction space is one-dimensional.
+  // A vector path along r0 when the reduction space is one-dimensional; vector columns along
+  // the last outer variable.
   VecPlan plan;
-  if (launch_.layout != CudaLayout::kColumn && m == 1) {
+  if (launch_.layout == CudaLayout::kColumn) {
+    plan = column_plan_;
+    if (plan.width > 1) w_.Linef("const idx_t kiln_ob = o", k - 1, ";");
+  } else if (m == 1) {
     std::vector<Stmt> all;
     for (const kernel::Phase& p : k_.phases) all.insert(all.end(), p.stmts.begin(), p.stmts.end());
     plan = PlanVector(all, Var{VarKind::kReduce, 0});
@@ -105,7 +115,10 @@ void CudaKernelEmitter::EmitRows() {
     w_.Open("else");
     // Shifted rows whose buffers lie differently from each other (rare): scalar and read
     // twice, not cached (a cached scalar row next to the vector one spills at 64 registers).
-    EmitRow(VecPlan(), /*cache=*/plan.shift.empty());
+    // Vector columns: the same points per thread, each lane's loads scalar.
+    VecPlan scalar;
+    if (launch_.layout == CudaLayout::kColumn) scalar.width = plan.width;
+    EmitRow(scalar, /*cache=*/plan.shift.empty());
     w_.Close();
   } else {
     EmitRow(plan);
@@ -143,8 +156,24 @@ void CudaKernelEmitter::EmitRow(const VecPlan& plan, bool cache) {
   smem_vec_ = false;
   PushScope();
   if (shifted_) w_.Linef("const idx_t kiln_sh = ", plan.shift, ";");
+  const bool lanes = column && width > 1;  // vector columns: an accumulator per point (lane)
   for (const Accumulator& a : k_.accumulators) {
     const std::string t = ValueType(a.dtype);
+    if (lanes) {
+      // kiln_acc<id>[V], each lane's named acc<id> in its scope (DeclareColumnLane).
+      const char* st = AccStruct(a.kind);
+      std::string init = a.kind == AccKind::kSum    ? "0"
+                         : a.kind == AccKind::kProd ? "1"
+                         : a.kind == AccKind::kMax  ? absl::StrCat("kiln_cuda::lowest<", t, ">()")
+                                                    : absl::StrCat("kiln_cuda::highest<", t, ">()");
+      if (st != nullptr) {
+        w_.Linef("kiln_cuda::", st, "<", t, "> kiln_acc", a.id, "[", width, "];");
+      } else {
+        std::vector<std::string> inits(width, init);
+        w_.Linef(t, " kiln_acc", a.id, "[", width, "] = {", absl::StrJoin(inits, ", "), "};");
+      }
+      continue;
+    }
     if (const char* st = AccStruct(a.kind)) {
       w_.Linef("kiln_cuda::", st, "<", t, "> acc", a.id, ";");
     } else if (a.kind == AccKind::kSum) {
@@ -292,9 +321,13 @@ void CudaKernelEmitter::EmitRow(const VecPlan& plan, bool cache) {
     }
     if (shifted_) {
       // EmitShiftedChunk did the chunk.
+    } else if (lanes) {
+      EmitReduceDecompose();
+      EmitVectorLanes(stmts, plan, Var{VarKind::kOuter, static_cast<int32_t>(k_.outer.size()) - 1},
+                      "kiln_ob", [&](const std::string& value, int j) { DeclareColumnLane(value, j); });
     } else if (width > 1) {
       EmitVectorLanes(stmts, plan, Var{VarKind::kReduce, 0}, "kiln_rb",
-                      [&](const std::string& value) {
+                      [&](const std::string& value, int) {
                         w_.Linef("const idx_t kiln_r = ", value, ";");
                         w_.Line("const idx_t r0 = kiln_r;");
                       });
@@ -322,12 +355,29 @@ void CudaKernelEmitter::EmitRow(const VecPlan& plan, bool cache) {
   smem_vec_ = false;
   if (!k_.body.empty()) {
     w_.Open(column ? "if (kiln_active && kiln_lane == 0)" : "if (kiln_lane == 0)");
-    PushScope();
-    for (const Stmt& s : k_.body) EmitCudaStmt(s);
-    PopScope();
+    for (int j = 0; j < (lanes ? width : 1); ++j) {
+      if (lanes) {
+        w_.Open("");
+        DeclareColumnLane(absl::StrCat("kiln_ob + ", j), j);
+      }
+      PushScope();
+      for (const Stmt& s : k_.body) EmitCudaStmt(s);
+      PopScope();
+      if (lanes) w_.Close();
+    }
     w_.Close();
   }
   PopScope();
+}
+
+void CudaKernelEmitter::DeclareColumnLane(const std::string& value, int lane) {
+  w_.Linef("const idx_t o", k_.outer.size() - 1, " = ", value, ";");
+  for (const Accumulator& a : k_.accumulators) {
+    const char* st = AccStruct(a.kind);
+    const std::string t = st != nullptr ? absl::StrCat("kiln_cuda::", st, "<", ValueType(a.dtype), ">")
+                                        : ValueType(a.dtype);
+    w_.Linef(t, "& acc", a.id, " = kiln_acc", a.id, "[", lane, "];");
+  }
 }
 
 void CudaKernelEmitter::EmitReduceDecompose() {

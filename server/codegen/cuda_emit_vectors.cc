@@ -42,13 +42,13 @@ int VectorCandidates(const std::vector<Stmt>& stmts, Keep keep, Accesses* loads,
 
 }  // namespace
 
-VecPlan CudaKernelEmitter::PlanVector(const std::vector<Stmt>& stmts, const Var& x) {
+VecPlan CudaKernelEmitter::PlanVector(const std::vector<Stmt>& stmts, const Var& x, int max_width) {
   VecPlan plan;
   if (!cuda_.vectorize) return plan;
   Accesses loads, stores;
-  const int width = VectorCandidates(
+  const int width = std::min(max_width, VectorCandidates(
       stmts, [&](const Index& index) { return ConstStride(index, x) == absl::optional<int64_t>(1); }, &loads,
-      &stores);
+      &stores));
   if (width <= 1) return plan;
   std::set<std::string> checks;
   auto admit = [&](const Buffer& b, const Index& index, std::map<std::string, VecAccess>* into,
@@ -148,7 +148,7 @@ std::string CudaKernelEmitter::VecFlag(const VecPlan& plan) {
 
 void CudaKernelEmitter::EmitVectorLanes(const std::vector<Stmt>& stmts, const VecPlan& full_plan,
                                         const Var& x, const std::string& base,
-                                        absl::FunctionRef<void(const std::string&)> lane_decl) {
+                                        absl::FunctionRef<void(const std::string&, int)> lane_decl) {
   // Only the accesses of these statements; none for loads that come from cached registers.
   VecPlan plan;
   plan.width = full_plan.width;
@@ -189,7 +189,7 @@ void CudaKernelEmitter::EmitVectorLanes(const std::vector<Stmt>& stmts, const Ve
   plan_ = &plan;
   for (int j = 0; j < plan.width; ++j) {
     w_.Open("");
-    lane_decl(absl::StrCat(base, " + ", j));
+    lane_decl(absl::StrCat(base, " + ", j), j);
     EmitLane(j, stmts);
     w_.Close();
   }
@@ -239,7 +239,7 @@ void CudaKernelEmitter::EmitShiftedChunk(const std::vector<Stmt>& stmts, const V
                                          int64_t total) {
   const int width = plan.width;
   w_.Open(absl::StrCat("if (kiln_rb >= 0 && kiln_rb + ", width, " <= ", total, ")"));
-  EmitVectorLanes(stmts, plan, Var{VarKind::kReduce, 0}, "kiln_rb", [&](const std::string& value) {
+  EmitVectorLanes(stmts, plan, Var{VarKind::kReduce, 0}, "kiln_rb", [&](const std::string& value, int) {
     w_.Linef("const idx_t kiln_r = ", value, ";");
     w_.Line("const idx_t r0 = kiln_r;");
   });

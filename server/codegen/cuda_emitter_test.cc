@@ -245,49 +245,191 @@ extern "C" __global__ void __launch_bounds__(256) kiln_kernel_0(const float* __r
 )cu");
 }
 
-TEST(CudaEmitterGolden, ColumnSumMeetsInSharedMemory) {
-  EXPECT_EQ(EmitOne(kt::ColumnSum(4096, 512), /*vectorize=*/true), R"cu(// kiln_kernel_0: column, 1 outer dims, 1 reduction dims, 1 phases, vector width 1, 0 cached values per thread
-extern "C" __global__ void __launch_bounds__(1024) kiln_kernel_0(const float* __restrict__ b0, float* __restrict__ b1) {
+// The canonical column reduction: each thread sums 4 columns with 16-byte loads (misaligned
+// pointers: the same columns, scalar loads), and the accumulators meet in shared memory.
+TEST(CudaEmitterGolden, ColumnSumMovesVectorsAndMeetsInSharedMemory) {
+  EXPECT_EQ(EmitOne(kt::ColumnSum(4096, 512), /*vectorize=*/true), R"cu(// kiln_kernel_0: column, 1 outer dims, 1 reduction dims, 1 phases, vector width 4, 0 cached values per thread
+extern "C" __global__ void __launch_bounds__(512) kiln_kernel_0(const float* __restrict__ b0, float* __restrict__ b1) {
   using idx_t = int32_t;
-  alignas(16) __shared__ unsigned char kiln_smem[4096];
-  const int kiln_lane = threadIdx.x / 8;
+  alignas(16) __shared__ unsigned char kiln_smem[8192];
+  const bool kiln_vec = kiln_cuda::aligned(b0, 16);
+  const int kiln_lane = threadIdx.x / 2;
   for (idx_t kiln_p = static_cast<idx_t>(blockIdx.x) * 8; kiln_p < 512; kiln_p += static_cast<idx_t>(gridDim.x) * 8) {
-    const idx_t kiln_u = kiln_p + threadIdx.x % 8;
+    const idx_t kiln_u = kiln_p + threadIdx.x % 2 * 4;
     const bool kiln_active = kiln_u < 512;
     const idx_t o0 = kiln_u;
-    float acc0 = 0;
-    // phase 0
-    if (kiln_active) {
+    const idx_t kiln_ob = o0;
+    if (kiln_vec) {
+      float kiln_acc0[4] = {0, 0, 0, 0};
+      // phase 0
+      if (kiln_active) {
 #pragma unroll 8
-      for (idx_t kiln_r = kiln_lane; kiln_r < 4096; kiln_r += 128) {
-        const idx_t r0 = kiln_r;
-        const float v0 = b0[o0 + r0 * 512];
-        acc0 += v0;
+        for (idx_t kiln_r = kiln_lane; kiln_r < 4096; kiln_r += 256) {
+          const idx_t r0 = kiln_r;
+          {
+            const idx_t o0 = kiln_ob;
+            const kiln_cuda::Vec<float, 4> kiln_lv0 = kiln_cuda::load_vec<4>(b0 + (o0 + r0 * 512));
+            {
+              const idx_t o0 = kiln_ob + 0;
+              float& acc0 = kiln_acc0[0];
+              const float v0 = kiln_lv0.v[0];
+              acc0 += v0;
+            }
+            {
+              const idx_t o0 = kiln_ob + 1;
+              float& acc0 = kiln_acc0[1];
+              const float v1 = kiln_lv0.v[1];
+              acc0 += v1;
+            }
+            {
+              const idx_t o0 = kiln_ob + 2;
+              float& acc0 = kiln_acc0[2];
+              const float v2 = kiln_lv0.v[2];
+              acc0 += v2;
+            }
+            {
+              const idx_t o0 = kiln_ob + 3;
+              float& acc0 = kiln_acc0[3];
+              const float v3 = kiln_lv0.v[3];
+              acc0 += v3;
+            }
+          }
+        }
+      }
+      kiln_cuda::column_allreduce_vec(kiln_acc0, kiln_cuda::SumOp(), kiln_smem, 2);
+      if (kiln_active && kiln_lane == 0) {
+        {
+          const idx_t o0 = kiln_ob + 0;
+          float& acc0 = kiln_acc0[0];
+          b1[o0] = acc0;
+        }
+        {
+          const idx_t o0 = kiln_ob + 1;
+          float& acc0 = kiln_acc0[1];
+          b1[o0] = acc0;
+        }
+        {
+          const idx_t o0 = kiln_ob + 2;
+          float& acc0 = kiln_acc0[2];
+          b1[o0] = acc0;
+        }
+        {
+          const idx_t o0 = kiln_ob + 3;
+          float& acc0 = kiln_acc0[3];
+          b1[o0] = acc0;
+        }
       }
     }
-    acc0 = kiln_cuda::column_allreduce(acc0, kiln_cuda::SumOp(), kiln_smem, 8);
-    if (kiln_active && kiln_lane == 0) {
-      b1[o0] = acc0;
+    else {
+      float kiln_acc0[4] = {0, 0, 0, 0};
+      // phase 0
+      if (kiln_active) {
+#pragma unroll 8
+        for (idx_t kiln_r = kiln_lane; kiln_r < 4096; kiln_r += 256) {
+          const idx_t r0 = kiln_r;
+          {
+            const idx_t o0 = kiln_ob;
+            {
+              const idx_t o0 = kiln_ob + 0;
+              float& acc0 = kiln_acc0[0];
+              const float v4 = b0[o0 + r0 * 512];
+              acc0 += v4;
+            }
+            {
+              const idx_t o0 = kiln_ob + 1;
+              float& acc0 = kiln_acc0[1];
+              const float v5 = b0[o0 + r0 * 512];
+              acc0 += v5;
+            }
+            {
+              const idx_t o0 = kiln_ob + 2;
+              float& acc0 = kiln_acc0[2];
+              const float v6 = b0[o0 + r0 * 512];
+              acc0 += v6;
+            }
+            {
+              const idx_t o0 = kiln_ob + 3;
+              float& acc0 = kiln_acc0[3];
+              const float v7 = b0[o0 + r0 * 512];
+              acc0 += v7;
+            }
+          }
+        }
+      }
+      kiln_cuda::column_allreduce_vec(kiln_acc0, kiln_cuda::SumOp(), kiln_smem, 2);
+      if (kiln_active && kiln_lane == 0) {
+        {
+          const idx_t o0 = kiln_ob + 0;
+          float& acc0 = kiln_acc0[0];
+          b1[o0] = acc0;
+        }
+        {
+          const idx_t o0 = kiln_ob + 1;
+          float& acc0 = kiln_acc0[1];
+          b1[o0] = acc0;
+        }
+        {
+          const idx_t o0 = kiln_ob + 2;
+          float& acc0 = kiln_acc0[2];
+          b1[o0] = acc0;
+        }
+        {
+          const idx_t o0 = kiln_ob + 3;
+          float& acc0 = kiln_acc0[3];
+          b1[o0] = acc0;
+        }
+      }
     }
   }
 }
 )cu");
 }
 
-// Points per block of a column reduction: 32 while there are blocks enough for the SMs (132
-// here), else halved down to 32 bytes of the loads per row (f32: 8 points) with more threads per
-// point; the threads of a point fold as a tree (column_allreduce) whatever their number.
+// Points per block of a scalar column reduction (no vectors): 32 while there are blocks enough
+// for the SMs (132 here), else halved down to 32 bytes of the loads per row (f32: 8 points) with
+// more threads per point; the threads of a point fold as a tree (column_allreduce) whatever their
+// number.
 TEST(CudaEmitter, ColumnReductionsNarrowTheirBlocksWhenPointsAreFew) {
   for (const auto& [cols, points, block] : std::vector<std::tuple<int64_t, int, int>>{
            {65536, 32, 256}, {8192, 32, 1024}, {4096, 16, 1024}, {512, 8, 1024}, {64, 8, 1024}}) {
     CudaLaunch launch;
-    const std::string src = EmitOne(kt::ColumnSum(4096, cols), true, &launch);
+    const std::string src = EmitOne(kt::ColumnSum(4096, cols), /*vectorize=*/false, &launch);
     EXPECT_EQ(launch.layout, CudaLayout::kColumn) << cols;
     EXPECT_EQ(launch.block, block) << cols;
     EXPECT_EQ(launch.work_per_block, points) << cols;
     EXPECT_EQ(Count(src, absl::StrCat("kiln_u = kiln_p + threadIdx.x % ", points, ";")), 1) << src;
     EXPECT_EQ(Count(src, absl::StrCat("kiln_smem, ", points, ");")), 1) << src;
   }
+}
+
+// Vector columns: a thread serves V consecutive points (V = 4 where the column count allows it,
+// else 2; odd counts stay scalar), a row of a block's points is 128 bytes (f32: 8 threads of 4
+// points), narrowed to 32 bytes when points are few; the V accumulators of every thread fold in
+// one tree (column_allreduce_vec), and misaligned pointers take the same points with scalar loads.
+TEST(CudaEmitter, ColumnReductionsMoveVectorsAlongTheirPoints) {
+  for (const auto& [cols, width, threads, block] : std::vector<std::tuple<int64_t, int, int, int>>{
+           {8192, 4, 8, 1024}, {512, 4, 2, 512}, {70, 2, 4, 1024}, {63, 1, 8, 1024}}) {
+    CudaLaunch launch;
+    const std::string src = EmitOne(kt::ColumnSum(4096, cols), /*vectorize=*/true, &launch);
+    EXPECT_EQ(launch.layout, CudaLayout::kColumn) << cols;
+    EXPECT_EQ(launch.vector_width, width) << cols;
+    EXPECT_EQ(launch.block, block) << cols;
+    EXPECT_EQ(launch.work_per_block, threads * width) << cols;
+    if (width == 1) {
+      EXPECT_EQ(Count(src, "column_allreduce_vec"), 0) << src;
+      continue;
+    }
+    EXPECT_EQ(Count(src, absl::StrCat("kiln_u = kiln_p + threadIdx.x % ", threads, " * ", width, ";")), 1) << src;
+    EXPECT_EQ(Count(src, absl::StrCat("kiln_cuda::load_vec<", width, ">(b0")), 1) << src;
+    EXPECT_EQ(Count(src, "= b0["), width) << src;  // the misaligned path's scalar lanes
+    EXPECT_EQ(Count(src, absl::StrCat("column_allreduce_vec(kiln_acc0, kiln_cuda::SumOp(), kiln_smem, ", threads, ");")),
+              2) << src;
+  }
+  // Short columns: at least 16 rows per thread, but whole warps (2 threads across x 16 rows).
+  CudaLaunch launch;
+  EmitOne(kt::ColumnSum(64, 64), /*vectorize=*/true, &launch);
+  EXPECT_EQ(launch.vector_width, 4);
+  EXPECT_EQ(launch.block, 32);
 }
 
 // Layer norm's weight gradient sums over (batch, rows) per column: a column reduction, though its

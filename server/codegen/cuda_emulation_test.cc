@@ -178,6 +178,11 @@ std::vector<Case> Cases() {
   c.push_back({"layer_norm_bf16_3001_misaligned", kt::LayerNormBf16(3001, 1e-5f), {3}, true});
   c.push_back({"row_sum_bf16_5x3001", kt::RowSum(5, 3001, true), {}});
   c.push_back({"softmax_bf16_3001_staggered", kt::RowSoftmaxBf16(3001), {4}, false, 3, 0, true});
+  // Vector columns (4 points per thread; misaligned pointers: the same points, scalar loads).
+  c.push_back({"column_sum_vec4", kt::ColumnSum(100, 512), {}});
+  c.push_back({"column_sum_vec4_misaligned", kt::ColumnSum(64, 128), {}, true});
+  c.push_back({"channels_last_partials_bf16", ct::ChannelsLastPartials(56, 64), {3}});
+  c.push_back({"channels_last_partials_bf16_misaligned", ct::ChannelsLastPartials(49, 96), {2}, true});
   c.push_back({"layer_norm_bf16_3001_staggered", kt::LayerNormBf16(3001, 1e-5f), {3}, false, 3, 0, true});
   return c;
 }

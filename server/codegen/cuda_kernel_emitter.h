@@ -48,6 +48,8 @@ using kernel::Var;
 using kernel::VarKind;
 
 constexpr int kColumnPoints = 32;    // kColumn: consecutive outer points per block, at most
+constexpr int kColumnVector = 4;     // kColumn: outer points per thread, at most (vector columns)
+constexpr int kColumnSmemBytes = 32768;  // kColumn: static shared memory of the all-reduce, at most
 constexpr int kRowsBlock = 256;      // kWarpPerRow block size
 constexpr int kThreadsPerSm = 2048;
 
@@ -165,7 +167,8 @@ class CudaKernelEmitter : public CpuKernelEmitter {
   };
 
   // ---- vector plans (cuda_emit_vectors.cc) ----
-  VecPlan PlanVector(const std::vector<Stmt>& stmts, const Var& x);
+  // At most `max_width` lanes (16 bytes of the widest element: at most 8).
+  VecPlan PlanVector(const std::vector<Stmt>& stmts, const Var& x, int max_width = 8);
   // Rows of a static length that is not a multiple of the vector width (a 50257 vocabulary): the
   // unmasked accesses contiguous along `x` whose distance to the anchor (the first of them, a load
   // when there is one) is a multiple of the width in every row (constant offset and strides), and
@@ -180,10 +183,10 @@ class CudaKernelEmitter : public CpuKernelEmitter {
   std::string VecFlag(const VecPlan& plan);
   // Emits `stmts` for `width` consecutive values of `x` from `base` (a declared name): vector
   // loads, one scope per lane, vector stores. `lane_decl` declares the lane's variables given the
-  // lane's value expression (e.g. "kiln_base + 2").
+  // lane's value expression (e.g. "kiln_base + 2") and its number.
   void EmitVectorLanes(const std::vector<Stmt>& stmts, const VecPlan& full_plan, const Var& x,
                        const std::string& base,
-                       absl::FunctionRef<void(const std::string&)> lane_decl);
+                       absl::FunctionRef<void(const std::string&, int)> lane_decl);
   // Pass A of two-pass softmaxes whose every statement folds the max of a widened f16/bf16 vector
   // load of `plan` (the cached vocabulary row): one kiln_cuda::max_nan_half per vector instead of
   // a widening and a max per lane. False (nothing emitted) otherwise.
@@ -215,6 +218,14 @@ class CudaKernelEmitter : public CpuKernelEmitter {
   bool IsColumnReduction() const;
   // kColumn: bytes of the narrowest load that is coalesced across points (8 if none).
   int NarrowestColumnLoad() const;
+  // kColumn: a vector plan along the last outer variable (each thread serves `width` consecutive
+  // points: kColumnVector at most, a divisor of that variable's static extent), or width 1 when
+  // no load moves along it as a vector.
+  VecPlan PlanColumnVector();
+  // kColumn with column_vec_ > 1, in a lane's scope: the last outer variable and a reference to
+  // the lane's element of each accumulator array (kiln_acc<id>[lane]) named as the scalar
+  // accumulator, so that statements emit as in the scalar layout.
+  void DeclareColumnLane(const std::string& value, int lane);
   // The layout of a row kernel of `rows` outer points (total_c: its static reduction length),
   // and what comes with it: launch_ (but the final max_grid of row layouts, set by EmitRows),
   // group_, smem_bytes_, and the long rows' shape.
@@ -342,7 +353,9 @@ class CudaKernelEmitter : public CpuKernelEmitter {
   std::string local_vec_array_, local_vec_;  // pass B: a shared array's chunk read into a local
   CudaLaunch launch_;
   int group_ = 1;        // threads per row
-  int column_points_ = kColumnPoints;  // kColumn: consecutive outer points per block
+  int column_points_ = kColumnPoints;  // kColumn: threads across points per row lane
+  int column_vec_ = 1;   // kColumn: consecutive points per thread (the vector width along them)
+  VecPlan column_plan_;  // kColumn: PlanColumnVector's plan (width column_vec_)
   int smem_bytes_ = 0;   // static shared memory for the all-reduce
   int pub_offset_ = 0;   // kClusterRow: where the published slots start in kiln_smem
   int width_ = 1;        // vector width of the row path being emitted

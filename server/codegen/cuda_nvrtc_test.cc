@@ -42,6 +42,8 @@ std::vector<std::pair<std::string, absl::StatusOr<Kernel>>> AllKernels() {
   k.emplace_back("layer_norm_768", kt::LayerNorm(768, 1e-5f));
   k.emplace_back("layer_norm_4096", kt::LayerNorm(4096, 1e-5f));
   k.emplace_back("column_sum", kt::ColumnSum(4096, 512));
+  k.emplace_back("channels_last_partials", ChannelsLastPartials(3136, 64));
+  k.emplace_back("layer_norm_weight_grad", kt::LayerNormWeightGrad(8, 512, 768));
   k.emplace_back("bf16_chain", kt::Bf16Chain(1 << 20));
   k.emplace_back("bf16_chain_odd", kt::Bf16Chain(1001));
   for (ScalarType t : {ScalarType::kBool, ScalarType::kInt8, ScalarType::kUInt8, ScalarType::kInt32,

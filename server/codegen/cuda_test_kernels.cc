@@ -117,6 +117,38 @@ absl::StatusOr<Kernel> SlicedRowSoftmax(ScalarType t, int64_t cols) {
   return kb.Finish();
 }
 
+// Per (n, c) of a channels-last image: four statistics, each an accumulator array per thread of a
+// vector column layout.
+absl::StatusOr<Kernel> ChannelsLastPartials(int64_t hw, int64_t channels) {
+  KernelBuilder kb("channels-last partials");
+  const Size n = kb.AddScalar(), r = Size::Const(hw), c = Size::Const(channels);
+  const Buffer x = kb.AddBuffer(ScalarType::kBFloat16, Access::kRead, n * r * c);
+  const Buffer go = kb.AddBuffer(ScalarType::kBFloat16, Access::kRead, n * r * c);
+  const Buffer mean = kb.AddBuffer(ScalarType::kFloat32, Access::kRead, c);
+  const Buffer invstd = kb.AddBuffer(ScalarType::kFloat32, Access::kRead, c);
+  const Var b = kb.AddOuter(n), ch = kb.AddOuter(c), row = kb.AddReduce(r);
+  const Accumulator wf = kb.AddAccumulator(AccKind::kWelford, ScalarType::kFloat32);
+  const Accumulator sum = kb.AddAccumulator(AccKind::kSum, ScalarType::kFloat32);
+  const Accumulator dot = kb.AddAccumulator(AccKind::kSum, ScalarType::kFloat32);
+  const Accumulator max = kb.AddAccumulator(AccKind::kMax, ScalarType::kFloat32);
+  const Index idx = MakeIndex(Size(), {{b, r * c}, {row, c}, {ch, Size::Const(1)}});
+  const Index cidx = MakeIndex(Size(), {{ch, Size::Const(1)}});
+  const ExprOr xv = Cast(ScalarType::kFloat32, Load(x, idx));
+  const ExprOr gv = Cast(ScalarType::kFloat32, Load(go, idx));
+  kb.BeginPhase();
+  kb.Add(Accumulate(wf, xv));
+  kb.Add(Accumulate(sum, gv));
+  kb.Add(Accumulate(dot, Mul(gv, Mul(Sub(xv, Load(mean, cidx)), Load(invstd, cidx)))));
+  kb.Add(Accumulate(max, xv));
+  kb.BeginBody();
+  const Index out = ContiguousIndex({b, ch}, {n, c});
+  for (const ExprOr& e : {AccRead(wf, AccField::kMean), AccRead(wf, AccField::kM2), AccRead(sum, AccField::kValue),
+                          AccRead(dot, AccField::kValue), AccRead(max, AccField::kValue)}) {
+    kb.Add(Store(kb.AddBuffer(ScalarType::kFloat32, Access::kWrite, n * c), out, e));
+  }
+  return kb.Finish();
+}
+
 // A pointwise kernel over dynamic 3-D sizes with an in-place f16 buffer and 64-bit indices.
 absl::StatusOr<Kernel> DynamicInPlace() {
   KernelBuilder kb("dynamic in place");

@@ -30,6 +30,12 @@ absl::StatusOr<kernel::Kernel> FullSum(int64_t n);
 // to the input's alignment, and the output lies differently.
 absl::StatusOr<kernel::Kernel> SlicedRowSoftmax(kernel::ScalarType t, int64_t cols);
 
+// A training batch norm's partials over a channels-last image x[n, hw, c] (bf16, n dynamic), per
+// (n, c): Welford over x, sum(go), sum(go * (x - mean[c]) * invstd[c]) and max(x), each stored as
+// an f32 [n, c] value (buffers x, go, mean, invstd, then the five outputs). Outer (n, c), c
+// contiguous: a column reduction whose loads move along c as vectors where `channels` allows.
+absl::StatusOr<kernel::Kernel> ChannelsLastPartials(int64_t hw, int64_t channels);
+
 // x[n0, n1, n2] (f16, read-write) *= y[n1, n2] (f32), in place, every size dynamic.
 absl::StatusOr<kernel::Kernel> DynamicInPlace();
 
