@@ -71,6 +71,16 @@ int CudaKernelEmitter::NarrowestColumnLoad() const {
   return bytes;
 }
 
+int CudaKernelEmitter::ColumnWords() const {
+  int words = 0;
+  for (const Accumulator& a : k_.accumulators) words += (StateBytes(a) + 3) / 4;
+  std::set<std::string> loads;
+  for (const kernel::Phase& p : k_.phases) {
+    for (const ExprNode* l : LoadsOf(p.stmts)) loads.insert(AccessKey(l->buffer, l->index));
+  }
+  return words + static_cast<int>(loads.size());
+}
+
 VecPlan CudaKernelEmitter::PlanColumnVector() {
   const absl::optional<int64_t> extent = k_.outer.back().AsConst();
   if (!extent) return VecPlan();
@@ -116,6 +126,11 @@ void CudaKernelEmitter::ChooseRowLayout(const Size& rows, absl::optional<int64_t
       // partials are a few hundred rows: fewer, longer-running threads rather than a tree over
       // many lanes that each load a few rows).
       if (vec > 1) {
+        // Registers: V accumulators and V lanes of each load per thread. A thread of a
+        // 1024-thread block has 64; more accumulators and loads (a batch norm's backward partials
+        // with its fused producers: 4 sums over 11 loads) take 512-thread blocks (128 each)
+        // instead of spilling.
+        if (vec * ColumnWords() + 16 > 65536 / 1024) max_group = std::min(max_group, 512 / column_points_);
         while (max_group > min_group && column_points_ * max_group * vec * max_state > kColumnSmemBytes) {
           max_group /= 2;
         }

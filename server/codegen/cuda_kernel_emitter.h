@@ -222,6 +222,9 @@ class CudaKernelEmitter : public CpuKernelEmitter {
   // points: kColumnVector at most, a divisor of that variable's static extent), or width 1 when
   // no load moves along it as a vector.
   VecPlan PlanColumnVector();
+  // kColumn: 32-bit words per point that a thread keeps: its accumulators' states plus one per
+  // distinct load of the phases (a lane's widened value), for the register budget of a block.
+  int ColumnWords() const;
   // kColumn with column_vec_ > 1, in a lane's scope: the last outer variable and a reference to
   // the lane's element of each accumulator array (kiln_acc<id>[lane]) named as the scalar
   // accumulator, so that statements emit as in the scalar layout.
