@@ -9,15 +9,24 @@
 #include <fstream>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "gtest/gtest.h"
 #include "server/compiler/test_executor.h"
 #include "server/compiler/test_util.h"
+#include "server/base/status_macros.h"
+#include "server/codegen/cpu_emitter.h"
 #include "server/graph/graph_path.h"
 #include "server/graph/test_graphs.h"
+#include "server/lower/fuse.h"
+#include "server/lower/kernelize.h"
+#include "server/lower/lower.h"
+#include "server/lower/plan_builder.h"
+#include "server/toolchain/compiler.h"
 
 namespace kiln::compiler {
 namespace {
@@ -392,6 +401,101 @@ TEST(CpuCompilerOpsTest, BatchNorm) {
   ExpectNear(Values((*out)[6]), gi, 1e-3);
   ExpectNear(Values((*out)[7]), gw, 1e-3);
   ExpectNear(Values((*out)[8]), gb, 1e-4);
+}
+
+// The graph lowered as for a GPU target (LowerOptions::gpu), then fused, planned, emitted and
+// compiled for this CPU as CpuGraphCompiler does: the numbers of the GPU lowering (not of the CUDA
+// emitter) on a machine without a GPU. Also returns the first row op's domain.
+absl::StatusOr<std::pair<v1::Artifact, std::vector<int64_t>>> CompileGpuLowering(const v1::Graph& g) {
+  v1::CompileRequest req = Request(g);
+  req.mutable_target()->Clear();
+  req.mutable_target()->set_device(v1::DEVICE_KIND_CPU);
+  req.mutable_target()->set_cpu_isa("x86-64");
+  KILN_ASSIGN_OR_RETURN(graph::PreparedGraph prepared,
+                        graph::PrepareGraph(req, graph::GraphLimits(), graph::CompilerIdentity()));
+  lower::LowerOptions options;
+  options.gpu = true;
+  KILN_ASSIGN_OR_RETURN(lower::OpGraph ops, lower::LowerGraph(prepared.graph, prepared.fallback_nodes, options));
+  if (ops.row_ops.empty()) return absl::InternalError("no row op");
+  KILN_ASSIGN_OR_RETURN(lower::Schedule schedule, lower::ScheduleAndFuse(ops, lower::FuseOptions()));
+  KILN_ASSIGN_OR_RETURN(lower::KernelSet kernels, lower::BuildKernels(ops, schedule));
+  std::vector<std::string> symbols;
+  std::vector<kernel::Kernel> ir;
+  for (size_t i = 0; i < kernels.kernels.size(); ++i) {
+    symbols.push_back(codegen::CpuKernelSymbol(static_cast<int>(i)));
+    ir.push_back(kernels.kernels[i].kernel);
+  }
+  v1::Artifact artifact;
+  lower::PlanStats stats;
+  KILN_ASSIGN_OR_RETURN(*artifact.mutable_plan(),
+                        lower::AssemblePlan(ops, schedule, kernels, lower::BindToBinary(symbols, 0), &stats));
+  KILN_ASSIGN_OR_RETURN(codegen::CpuSource src, codegen::EmitCpuSource(ir));
+  toolchain::CompileOptions tc;
+  tc.march = "x86-64";
+  KILN_ASSIGN_OR_RETURN(toolchain::CompiledBinary bin, toolchain::CompileSharedObject(src.source, tc));
+  v1::Binary* b = artifact.add_binaries();
+  b->set_kind(v1::Binary::KIND_SHARED_OBJECT);
+  b->set_data(std::move(bin.bytes));
+  return std::make_pair(std::move(artifact), ops.row_ops[0].domain);
+}
+
+// A training batch norm and its backward on GPUs: partials per (n, c) and chunk of H, [N, S, C]
+// (lower_norm.cc). Its outputs (out, save_mean, save_invstd, the new running stats, grad_input,
+// grad_weight, grad_bias) equal the CPU lowering's (per (n, c)) up to the order of the additions.
+TEST(CpuCompilerOpsTest, BatchNormSplitForGpusMatchesTheCpuLowering) {
+  struct Case {
+    std::vector<int64_t> sizes, strides, partial_domain;
+  };
+  const Case cases[] = {
+      {{4, 8, 64, 32}, {16384, 1, 256, 8}, {4, 8, 8, 8, 32}},  // channels-last; 8 x 32 = 256 per partial
+      {{2, 3, 64, 8, 8}, {}, {2, 16, 3, 4, 8, 8}},             // 3d; 4 x 64 = 256 per partial
+  };
+  for (const Case& cs : cases) {
+    SCOPED_TRACE(absl::StrCat("[", absl::StrJoin(cs.sizes, ", "), "]"));
+    const std::vector<int64_t> c = {cs.sizes[1]};
+    const v1::ValueMeta x_meta = C32(cs.sizes, cs.strides);
+    GraphBuilder b;
+    b.Input("x", x_meta).Input("w", C32(c)).Input("bias", C32(c)).Input("rm", C32(c)).Input("rv", C32(c))
+        .Input("go", x_meta)
+        .Call("bn", "aten._native_batch_norm_legit_functional.default",
+              {Ref("x"), Ref("w"), Ref("bias"), Ref("rm"), Ref("rv"), B(true), F(0.1), F(1e-5)},
+              Tuple({x_meta, C32(c), C32(c), C32(c), C32(c)}))
+        .Call("out", "operator.getitem", {Ref("bn"), I(0)}, x_meta)
+        .Call("smean", "operator.getitem", {Ref("bn"), I(1)}, C32(c))
+        .Call("sinv", "operator.getitem", {Ref("bn"), I(2)}, C32(c))
+        .Call("nrm", "operator.getitem", {Ref("bn"), I(3)}, C32(c))
+        .Call("nrv", "operator.getitem", {Ref("bn"), I(4)}, C32(c))
+        .Call("bwd", "aten.native_batch_norm_backward.default",
+              {Ref("go"), Ref("x"), Ref("w"), Ref("rm"), Ref("rv"), Ref("smean"), Ref("sinv"), B(true), F(1e-5),
+               L({B(true), B(true), B(true)})},
+              Tuple({x_meta, C32(c), C32(c)}))
+        .Call("gi", "operator.getitem", {Ref("bwd"), I(0)}, x_meta)
+        .Call("gw", "operator.getitem", {Ref("bwd"), I(1)}, C32(c))
+        .Call("gb", "operator.getitem", {Ref("bwd"), I(2)}, C32(c))
+        .Output({"out", "smean", "sinv", "nrm", "nrv", "gi", "gw", "gb"});
+    const v1::Graph g = b.Build();
+    auto cpu = CompileGraph(g);
+    ASSERT_TRUE(cpu.ok()) << cpu.status();
+    auto gpu = CompileGpuLowering(g);
+    ASSERT_TRUE(gpu.ok()) << gpu.status();
+    EXPECT_EQ(gpu->second, cs.partial_domain);
+    // x and go as the graph lays them out; values away from 0 in the mean (x + 3) and the running stats.
+    HostTensor x = Random(cs.sizes, cs.strides, 41), go = Random(cs.sizes, cs.strides, 42);
+    for (int64_t k = 0; k < x.numel(); ++k) x.Set(k, x.Get(k) + 3);
+    const HostTensor w = Random(c, {}, 43), bias = Random(c, {}, 44), rm = Random(c, {}, 45);
+    HostTensor rv = Random(c, {}, 46);
+    for (int64_t k = 0; k < c[0]; ++k) rv.Set(k, std::fabs(rv.Get(k)) + 0.5);
+    const std::vector<HostTensor> inputs = {x, w, bias, rm, rv, go};
+    auto want = testing::RunPlan(cpu->result.artifact, inputs, Aten);
+    ASSERT_TRUE(want.ok()) << want.status();
+    auto got = testing::RunPlan(gpu->first, inputs, Aten);
+    ASSERT_TRUE(got.ok()) << got.status();
+    ASSERT_EQ(got->size(), want->size());
+    for (size_t i = 0; i < got->size(); ++i) {
+      SCOPED_TRACE(absl::StrCat("output ", i));
+      ExpectNear(Values((*got)[i]), Values((*want)[i]), 1e-4);
+    }
+  }
 }
 
 }  // namespace

@@ -40,7 +40,7 @@ struct Result {
   int aten = 0;
 };
 
-Result Pipeline(const v1::Graph& g, bool disable_fusion = false) {
+Result Pipeline(const v1::Graph& g, bool disable_fusion = false, const LowerOptions& lower = {}) {
   Result r;
   v1::CompileRequest req = Request(g);
   req.mutable_target()->Clear();
@@ -50,7 +50,7 @@ Result Pipeline(const v1::Graph& g, bool disable_fusion = false) {
   EXPECT_TRUE(prepared.ok()) << prepared.status();
   if (!prepared.ok()) return r;
   r.prepared = std::move(*prepared);
-  auto ops = LowerGraph(r.prepared.graph, r.prepared.fallback_nodes);
+  auto ops = LowerGraph(r.prepared.graph, r.prepared.fallback_nodes, lower);
   EXPECT_TRUE(ops.ok()) << ops.status();
   if (!ops.ok()) return r;
   r.ops = std::move(*ops);
@@ -521,6 +521,135 @@ TEST(FuseTest, AliasingStepInputsAreNotWorkspace) {
   ASSERT_TRUE(r.plan.steps(1).has_aten());
   const int32_t arg = std::stoi(r.plan.steps(1).aten().args(0).node().substr(1));
   EXPECT_EQ(r.plan.values(arg).storage(), v1::PlanValue::STORAGE_OUTPUT);
+}
+
+// A training batch norm over `sizes` and its backward (train=true), with all outputs.
+v1::Graph TrainingBatchNorm(const std::vector<int64_t>& sizes) {
+  const std::vector<int64_t> c = {sizes[1]};
+  GraphBuilder b;
+  b.Input("x", C32(sizes)).Input("w", C32(c)).Input("bias", C32(c)).Input("rm", C32(c)).Input("rv", C32(c))
+      .Input("go", C32(sizes))
+      .Call("bn", "aten._native_batch_norm_legit_functional.default",
+            {Ref("x"), Ref("w"), Ref("bias"), Ref("rm"), Ref("rv"), B(true), F(0.1), F(1e-5)},
+            Tuple({C32(sizes), C32(c), C32(c), C32(c), C32(c)}))
+      .Call("out", "operator.getitem", {Ref("bn"), I(0)}, C32(sizes))
+      .Call("smean", "operator.getitem", {Ref("bn"), I(1)}, C32(c))
+      .Call("sinv", "operator.getitem", {Ref("bn"), I(2)}, C32(c))
+      .Call("nrm", "operator.getitem", {Ref("bn"), I(3)}, C32(c))
+      .Call("nrv", "operator.getitem", {Ref("bn"), I(4)}, C32(c))
+      .Call("bwd", "aten.native_batch_norm_backward.default",
+            {Ref("go"), Ref("x"), Ref("w"), Ref("rm"), Ref("rv"), Ref("smean"), Ref("sinv"), B(true), F(1e-5),
+             L({B(true), B(true), B(true)})},
+            Tuple({C32(sizes), C32(c), C32(c)}))
+      .Call("gi", "operator.getitem", {Ref("bwd"), I(0)}, C32(sizes))
+      .Call("gw", "operator.getitem", {Ref("bwd"), I(1)}, C32(c))
+      .Call("gb", "operator.getitem", {Ref("bwd"), I(2)}, C32(c))
+      .Output({"out", "smean", "sinv", "nrm", "nrv", "gi", "gw", "gb"});
+  return b.Build();
+}
+
+// A training batch norm's partials (forward and backward) and per-channel combines: the partial
+// domain is [N, C, H, W] on CPUs; on GPUs [N, S, C, H / S, W], S the smallest divisor of H giving
+// N * S * C >= 8192 partials of at least 256 elements each (or the largest S keeping 256).
+TEST(FuseTest, BatchNormPartialsSplitRowsOnGpus) {
+  struct Case {
+    std::vector<int64_t> sizes;
+    bool gpu;
+    std::vector<int64_t> partial, combine;
+  };
+  const Case cases[] = {
+      {{32, 64, 56, 56}, false, {32, 64, 56, 56}, {32, 64}},
+      {{32, 64, 56, 56}, true, {32, 4, 64, 14, 56}, {32, 4, 64}},  // 32 * 4 * 64 = 8192
+      {{8, 16, 64, 64}, true, {8, 16, 16, 4, 64}, {8, 16, 16}},    // S = 64 would leave 64 elements
+      {{2, 8, 8, 8}, true, {2, 8, 8, 8}, {2, 8}},                  // 64 elements already
+      {{64, 128, 8, 8}, true, {64, 128, 8, 8}, {64, 128}},         // 8192 partials already
+      {{4, 3, 1024}, true, {4, 4, 3, 256}, {4, 4, 3}},             // rank 3: 1024 / 4 = 256 elements
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(absl::StrCat("[", absl::StrJoin(c.sizes, ", "), "] gpu ", c.gpu));
+    LowerOptions options;
+    options.gpu = c.gpu;
+    const Result r = Pipeline(TrainingBatchNorm(c.sizes), false, options);
+    EXPECT_EQ(r.aten, 0);
+    ASSERT_EQ(r.ops.row_ops.size(), 4u);
+    const size_t rank = c.partial.size();
+    std::vector<int> reduce, combine_reduce;
+    for (size_t d = rank - (c.sizes.size() - 2); d < rank; ++d) reduce.push_back(static_cast<int>(d));
+    for (size_t d = 0; d + 1 < c.combine.size(); ++d) combine_reduce.push_back(static_cast<int>(d));
+    for (int i : {0, 2}) {  // forward, backward
+      const RowOp& partial = r.ops.row_ops[i];
+      const RowOp& combine = r.ops.row_ops[i + 1];
+      EXPECT_EQ(partial.name, i == 0 ? "batch_norm_partial" : "batch_norm_backward_partial");
+      EXPECT_EQ(partial.domain, c.partial);
+      EXPECT_EQ(partial.reduce_dims, reduce);
+      for (const RowOutput& o : partial.outputs) EXPECT_EQ(r.ops.values[o.value].sizes, c.combine);
+      EXPECT_EQ(combine.domain, c.combine);
+      EXPECT_EQ(combine.reduce_dims, combine_reduce);
+    }
+    EXPECT_EQ(r.kernels.kernels.size(), 6u);  // 3 forward, 3 backward (none fuse across)
+  }
+}
+
+// The split partials read x at [n, c, s * H / S + h, w]: here S = 2 (two rows of 8 x 32 = 256).
+TEST(FuseTest, BatchNormSplitPartialsGolden) {
+  LowerOptions options;
+  options.gpu = true;
+  const Result r = Pipeline(TrainingBatchNorm({2, 4, 16, 32}), false, options);
+  ASSERT_EQ(r.kernels.kernels.size(), 6u);
+  std::string text;
+  for (int k : {0, 1, 3, 4}) text += kernel::PrintKernel(r.kernels.kernels[k].kernel);
+  ExpectGolden("batch_norm_split", text, R"(kernel "group 0: batch_norm_partial+batch_norm_partial"
+  scalars: 0
+  buffers: b0: f32 read [4096], b1: f32 write [16], b2: f32 write [16]
+  outer: o0 < 2, o1 < 2, o2 < 4
+  reduce: r0 < 8, r1 < 32
+  accumulators: a0: welford f32
+  phase 0:
+    a0 <- load(b0, 2048*o0 + 256*o1 + 512*o2 + 32*r0 + r1)
+  body:
+    b1[8*o0 + 4*o1 + o2] = a0.mean
+    b2[8*o0 + 4*o1 + o2] = a0.m2
+kernel "group 1: batch_norm_stats+batch_norm_stats+batch_norm_stats+batch_norm_stats"
+  scalars: 0
+  buffers: b0: f32 read [16], b1: f32 read [16], b2: f32 write [4], b3: f32 write [4], b4: f32 read [4], b5: f32 write [4], b6: f32 read [4], b7: f32 write [4]
+  outer: o0 < 4
+  reduce: r0 < 2, r1 < 2
+  accumulators: a0: welford f32, a1: sum f32
+  phase 0:
+    a0 <- load(b0, o0 + 8*r0 + 4*r1)
+    a1 <- load(b1, o0 + 8*r0 + 4*r1)
+  body:
+    b2[o0] = a0.mean
+    b3[o0] = rsqrt(add(true_div(add(a1.value, mul(256:f32, a0.m2)), 1024:f32), 9.9999997473787516e-06:f32))
+    b5[o0] = add(mul(0.89999997615814209:f32, load(b4, o0)), mul(0.10000000149011612:f32, a0.mean))
+    b7[o0] = add(mul(0.89999997615814209:f32, load(b6, o0)), mul(0.10009775310754776:f32, true_div(add(a1.value, mul(256:f32, a0.m2)), 1024:f32)))
+kernel "group 3: batch_norm_backward_partial+batch_norm_backward_partial"
+  scalars: 0
+  buffers: b0: f32 read [4096], b1: f32 read [4], b2: f32 read [4], b3: f32 read [4096], b4: f32 write [16], b5: f32 write [16]
+  outer: o0 < 2, o1 < 2, o2 < 4
+  reduce: r0 < 8, r1 < 32
+  accumulators: a0: sum f32, a1: sum f32
+  phase 0:
+    a0 <- load(b0, 2048*o0 + 256*o1 + 512*o2 + 32*r0 + r1)
+    a1 <- mul(load(b0, 2048*o0 + 256*o1 + 512*o2 + 32*r0 + r1), mul(sub(load(b3, 2048*o0 + 256*o1 + 512*o2 + 32*r0 + r1), load(b2, o2)), load(b1, o2)))
+  body:
+    b4[8*o0 + 4*o1 + o2] = a0.value
+    b5[8*o0 + 4*o1 + o2] = a1.value
+kernel "group 4: batch_norm_backward_sums+batch_norm_backward_sums+batch_norm_backward_sums+batch_norm_backward_sums"
+  scalars: 0
+  buffers: b0: f32 read [16], b1: f32 read [16], b2: f32 write [4], b3: f32 write [4], b4: f32 write [4], b5: f32 write [4]
+  outer: o0 < 4
+  reduce: r0 < 2, r1 < 2
+  accumulators: a0: sum f32, a1: sum f32
+  phase 0:
+    a0 <- load(b0, o0 + 8*r0 + 4*r1)
+    a1 <- load(b1, o0 + 8*r0 + 4*r1)
+  body:
+    b2[o0] = a0.value
+    b3[o0] = a1.value
+    b4[o0] = a1.value
+    b5[o0] = a0.value
+)");
 }
 
 // The realistic graphs of server/graph lower, fuse and plan without error.

@@ -127,12 +127,16 @@ absl::Status LowerLayerNormBackward(Lowerer& l, int32_t node_index) {
 
 namespace {
 
-// A training batch norm's per-channel statistics over [N, C, spatial...] (N >= 2, at least 2
-// spatial elements) take two row ops: per (n, c) over the spatial dims, then per channel over the
-// N partials; the per-element result is a pointwise op. One row op per channel gives a GPU only C
-// rows (64 at a ResNet's stem) of N * H * W elements, and a channels-last input (option
-// training_layouts on CUDA, conv_layout.h) turns it into a column reduction over C points. CPUs
-// take the same ops (their rows spread over the cores as well).
+// A training batch norm's per-channel statistics over [N, C, H, ...] (N >= 2, at least 2
+// spatial elements) take two row ops: partials over the spatial dims, per (n, c) and chunk of
+// H / S rows, then per channel over the N * S partials; the per-element result is a pointwise op.
+// One row op per channel gives a GPU only C rows (64 at a ResNet's stem) of N * H * W elements,
+// and a channels-last input (option training_layouts on CUDA, conv_layout.h) turns it into a
+// column reduction over C points. The partials of a channels-last input are a column reduction
+// too, over N * S * C points, and N * C (2048 at ResNet-50's first stage, batch 32) cannot fill
+// 132 SMs with blocks that read whole 128-byte lines: on GPUs S is the smallest divisor of H that
+// gives 8192 points, unless a partial would keep fewer than 256 elements (then the largest S that
+// keeps them; SampleSplit). CPUs take S = 1 (their rows spread over the cores as well).
 bool SplitsPerSample(const std::vector<int64_t>& sizes) {
   if (sizes.size() < 3 || sizes[0] < 2) return false;
   int64_t spatial = 1;
@@ -140,21 +144,75 @@ bool SplitsPerSample(const std::vector<int64_t>& sizes) {
   return spatial >= 2;
 }
 
-// The partial row op of a split batch norm: over `sizes` ([N, C, spatial...]), per (n, c), the
-// accumulators `accs`; `fields` (accumulator, field) become [N, C] values of `dtype`.
+// The cut of x [N, C, H, ...] into a split batch norm's partials: S chunks of H (see above).
+struct SampleSplit {
+  static constexpr int64_t kPoints = 8192;       // partials wanted (N * S * C)
+  static constexpr int64_t kMinElements = 256;  // elements a partial keeps at least
+
+  std::vector<int64_t> sizes;  // x's
+  int64_t chunks = 1;          // S, a divisor of H
+
+  SampleSplit(const std::vector<int64_t>& x_sizes, bool gpu) : sizes(x_sizes) {
+    if (!gpu) return;
+    const int64_t h = sizes[2], samples_by_channels = sizes[0] * sizes[1];
+    int64_t row = 1;  // elements per row of H
+    for (size_t d = 3; d < sizes.size(); ++d) row *= sizes[d];
+    // The divisors s of H in turn, while the points are too few and (H / s) * row >= 256.
+    for (int64_t s = 2; samples_by_channels * chunks < kPoints && s * kMinElements <= h * row; ++s) {
+      if (h % s == 0) chunks = s;
+    }
+  }
+
+  // The partial row op's domain, its first Outer() dims parallel: [N, C, H, ...], or with S > 1
+  // [N, S, C, H / S, ...] (C the last outer dim: the stride-1 dim of channels-last loads).
+  std::vector<int64_t> Domain() const {
+    std::vector<int64_t> d = sizes;
+    if (chunks > 1) {
+      d[2] /= chunks;
+      d.insert(d.begin() + 1, chunks);
+    }
+    return d;
+  }
+  int Outer() const { return chunks > 1 ? 3 : 2; }
+  // The partials' shape: [N, C] or [N, S, C].
+  std::vector<int64_t> Partials() const {
+    const std::vector<int64_t> d = Domain();
+    return {d.begin(), d.begin() + Outer()};
+  }
+  // Elements per partial.
+  int64_t Count() const {
+    int64_t c = 1;
+    for (size_t d = 2; d < sizes.size(); ++d) c *= sizes[d];
+    return c / chunks;
+  }
+  // f, which reads at x's index, at a domain index: [n, s, c, h, ...] -> [n, c, s * H / S + h, ...].
+  ElemFn AtDomain(ElemFn f) const {
+    if (chunks == 1) return f;
+    return [f = std::move(f), rows = sizes[2] / chunks](LoadContext& ctx, const std::vector<Affine>& idx) {
+      std::vector<Affine> at = {idx[0], idx[2], AffAdd(AffScale(idx[1], rows), idx[3])};
+      at.insert(at.end(), idx.begin() + 4, idx.end());
+      return f(ctx, at);
+    };
+  }
+};
+
+// The partial row op of a split batch norm: over x ([N, C, spatial...]) cut as `split` says, the
+// accumulators `accs` (at x's index); `fields` (accumulator, field) become split.Partials() values
+// of `dtype`.
 absl::StatusOr<std::vector<int32_t>> PerSamplePartials(Lowerer& l, int32_t node_index, const Node& n,
-                                                       const std::vector<int64_t>& sizes, std::vector<int32_t> inputs,
+                                                       const SampleSplit& split, std::vector<int32_t> inputs,
                                                        std::vector<RowAcc> accs,
                                                        const std::vector<std::pair<int, AccField>>& fields,
                                                        graph::DType dtype, const std::string& name) {
   RowBuilder pb{l, node_index, n, RowOp{}, {}};
   pb.row.name = name;
-  pb.row.domain = sizes;
-  for (int d = 2; d < static_cast<int>(sizes.size()); ++d) pb.row.reduce_dims.push_back(d);
+  pb.row.domain = split.Domain();
+  for (int d = split.Outer(); d < static_cast<int>(pb.row.domain.size()); ++d) pb.row.reduce_dims.push_back(d);
   pb.row.inputs = std::move(inputs);
+  for (RowAcc& a : accs) a.value = split.AtDomain(std::move(a.value));
   pb.row.accs = std::move(accs);
   for (const auto& [acc, field] : fields) {
-    KILN_ASSIGN_OR_RETURN(LValue v, NewRowValue(l, pb, dtype, {sizes[0], sizes[1]}, name));
+    KILN_ASSIGN_OR_RETURN(LValue v, NewRowValue(l, pb, dtype, split.Partials(), name));
     pb.outs.push_back(std::move(v));
     RowOutput o;
     o.fn = [acc = acc, field = field](LoadContext&, const AccReader& a, const std::vector<Affine>&) { return a(acc, field); };
@@ -165,14 +223,15 @@ absl::StatusOr<std::vector<int32_t>> PerSamplePartials(Lowerer& l, int32_t node_
   return ids;
 }
 
-// The per-channel combine of a split batch norm: a row op over the [N, C] partials `inputs`,
-// folding n into the accumulators `accs`; the caller adds its outputs.
-RowBuilder PerChannelCombine(Lowerer& l, int32_t node_index, const Node& n, int64_t samples, int64_t channels,
+// The per-channel combine of a split batch norm: a row op over the partials `inputs`
+// (split.Partials(), read at the domain's index), folding all but the channel dim (the last) into
+// the accumulators `accs`; the caller adds its outputs ([C], at their own index).
+RowBuilder PerChannelCombine(Lowerer& l, int32_t node_index, const Node& n, const SampleSplit& split,
                              const std::string& name, std::vector<int32_t> inputs, std::vector<RowAcc> accs) {
   RowBuilder cb{l, node_index, n, RowOp{}, {}};
   cb.row.name = name;
-  cb.row.domain = {samples, channels};
-  cb.row.reduce_dims = {0};
+  cb.row.domain = split.Partials();
+  for (int d = 0; d + 1 < split.Outer(); ++d) cb.row.reduce_dims.push_back(d);
   cb.row.inputs = std::move(inputs);
   cb.row.accs = std::move(accs);
   return cb;
@@ -320,15 +379,17 @@ absl::Status LowerBatchNorm(Lowerer& l, int32_t node_index) {
     };
     const std::optional<graph::DType> acc_dtype = ToDType(ct);
     if (SplitsPerSample(in_sizes) && acc_dtype) {
-      // 1. Per (n, c): Welford over the spatial dims (each over the same count).
+      // 1. Per (n, c) and chunk of H: Welford over the spatial dims (each over the same count).
+      const SampleSplit split(in_sizes, l.options().gpu);
       KILN_ASSIGN_OR_RETURN(std::vector<int32_t> parts,
-                            PerSamplePartials(l, node_index, n, in_sizes, {x}, {{AccKind::kWelford, ct, LoadAs(x, ct)}},
+                            PerSamplePartials(l, node_index, n, split, {x}, {{AccKind::kWelford, ct, LoadAs(x, ct)}},
                                               {{0, AccField::kMean}, {0, AccField::kM2}}, *acc_dtype,
                                               "batch_norm_partial"));
-      // 2. Per channel, over n: the mean of the partial means (Welford over them), and
-      //    M2 = sum of the partial M2s + spatial * sum of (partial mean - mean)^2.
-      const double spatial = static_cast<double>(count / in_sizes[0]);
-      RowBuilder cb = PerChannelCombine(l, node_index, n, in_sizes[0], channels, "batch_norm_stats",
+      // 2. Per channel, over n and the chunks: the mean of the partial means (Welford over them),
+      //    and M2 = sum of the partial M2s + spatial * sum of (partial mean - mean)^2, spatial
+      //    being a partial's element count.
+      const double spatial = static_cast<double>(split.Count());
+      RowBuilder cb = PerChannelCombine(l, node_index, n, split, "batch_norm_stats",
                                         {parts[0], parts[1], rm, rv},
                                         {{AccKind::kWelford, ct, LoadAs(parts[0], ct)}, {AccKind::kSum, ct, LoadAs(parts[1], ct)}});
       KILN_RETURN_IF_ERROR(outputs(cb, [](const AccReader& a) { return a(0, AccField::kMean); }, [=](const AccReader& a) {
@@ -420,14 +481,15 @@ absl::Status LowerBatchNorm(Lowerer& l, int32_t node_index) {
   if (!wanted[0] && !wanted[1] && !wanted[2]) return absl::UnimplementedError("batch norm backward computes nothing");
   const std::optional<graph::DType> acc_dtype = ToDType(ct);
   if (train && SplitsPerSample(in_sizes) && acc_dtype) {
-    // 1. Per (n, c): the sums of go and go * xhat over the spatial dims.
+    // 1. Per (n, c) and chunk of H: the sums of go and go * xhat over the spatial dims.
+    const SampleSplit split(in_sizes, l.options().gpu);
     KILN_ASSIGN_OR_RETURN(std::vector<int32_t> parts,
-                          PerSamplePartials(l, node_index, n, in_sizes, {go, x, mean, stat},
+                          PerSamplePartials(l, node_index, n, split, {go, x, mean, stat},
                                             {{AccKind::kSum, ct, LoadAs(go, ct)}, {AccKind::kSum, ct, dot}},
                                             {{0, AccField::kValue}, {1, AccField::kValue}}, *acc_dtype,
                                             "batch_norm_backward_partial"));
-    // 2. Per channel, over n: sum(go) (grad_bias) and sum(go * xhat) (grad_weight).
-    RowBuilder cb = PerChannelCombine(l, node_index, n, in_sizes[0], channels, "batch_norm_backward_sums", parts,
+    // 2. Per channel, over n and the chunks: sum(go) (grad_bias) and sum(go * xhat) (grad_weight).
+    RowBuilder cb = PerChannelCombine(l, node_index, n, split, "batch_norm_backward_sums", parts,
                                       {{AccKind::kSum, ct, LoadAs(parts[0], ct)}, {AccKind::kSum, ct, LoadAs(parts[1], ct)}});
     for (int acc : {0, 1}) {  // the sums themselves, for grad_input
       KILN_ASSIGN_OR_RETURN(LValue v, NewRowValue(l, cb, *acc_dtype, {channels}, cb.row.name));
