@@ -341,6 +341,54 @@ def test_cuda_graph_mode_with_new_input_buffers_each_call(server):
     assert s["cuda_graph_captures"] == 1 and s["cuda_graph_replays"] == 3, s
 
 
+@pytest.mark.parametrize("shape,conv,channels_last,dtype", [
+    ((32, 64, 56, 56), False, True, torch.float32),   # ResNet-50's first stage: partials split S = 4
+    ((32, 64, 56, 56), True, False, torch.float32),   # after a convolution (channels-last inside)
+    ((8, 16, 64, 64), False, True, torch.float32),    # S = 16 (each partial keeps 256 elements)
+    ((16, 6, 32, 32), False, True, torch.float32),    # 6 channels: vector columns of 2
+    ((2, 8, 8, 8), False, True, torch.float32),       # too small to split
+    ((32, 64, 56, 56), False, True, torch.bfloat16),
+], ids=["rn50-stage1", "rn50-stage1-conv", "s16", "c6", "small", "bf16"])
+def test_training_batch_norm_matches_eager(server, shape, conv, channels_last, dtype):
+    """Training batch norms: on GPUs kilnd splits the per-sample partials along H (lower_norm.cc)
+    and reduces them as vector columns over the channels; the output, the input's and the
+    parameters' gradients and the running statistics match eager over two steps."""
+    import copy
+
+    torch.manual_seed(0)
+    n, c, h, w = shape
+    layers = ([torch.nn.Conv2d(8, c, 3, padding=1, bias=False)] if conv else []) + [torch.nn.BatchNorm2d(c)]
+    eager = torch.nn.Sequential(*layers).cuda().to(dtype)
+    with torch.no_grad():  # affine parameters and running statistics away from their defaults
+        bn = eager[-1]
+        bn.weight.uniform_(0.5, 1.5), bn.bias.uniform_(-0.5, 0.5)
+        bn.running_mean.uniform_(-1, 1), bn.running_var.uniform_(0.5, 2)
+    model = copy.deepcopy(eager)
+    compiled = torch.compile(model, backend="kiln", options={"server": server.address})
+    tol = (F32, F32_GRAD) if dtype == torch.float32 else (BF16, BF16)
+    for step in range(2):
+        x0 = torch.randn(n, 8 if conv else c, h, w, device="cuda", dtype=dtype) * 2 + 3
+        if channels_last:
+            x0 = x0.to(memory_format=torch.channels_last)
+        go = torch.randn(n, c, h, w, device="cuda", dtype=dtype)
+        outs = []
+        for fn in (eager, compiled):
+            x = x0.clone().requires_grad_(True)
+            y = fn(x)
+            y.backward(go)
+            outs.append((y, x.grad))
+        torch.testing.assert_close(outs[1][0], outs[0][0], **tol[0])
+        torch.testing.assert_close(outs[1][1], outs[0][1], **tol[1])
+        for p, q in zip(eager.parameters(), model.parameters()):
+            torch.testing.assert_close(q.grad, p.grad, **tol[1])
+            p.grad = q.grad = None
+        for a, b in zip(eager.buffers(), model.buffers()):
+            if a.is_floating_point():
+                torch.testing.assert_close(b, a, **tol[0])
+    s = kiln.stats()
+    assert s["graph_fallbacks"] == 0 and s["eager_calls"] == 0, s
+
+
 def test_cuda_graph_mode_captures_batch_norm_updates(server):
     """Training with cuda_graphs: the forward, which updates batch norm's running statistics (copy_
     nodes at the graph's end), is captured with them; every call updates the buffers once, as

@@ -1,7 +1,8 @@
 """The GPU checking tools (tests/gpu/models_check.py, graph_diff.py, softmax_shapes.py and
 host_split.py, scripts/bench_gpu.py) run on the CPU too (--device cpu --quick): these smoke runs
 keep them working between GPU sessions, against a real kilnd and torch, and pin models_check's
-float64 second opinion for training (the jittered eager peer and the training spread)."""
+float64 second opinion for training (the jittered eager peer and the training spread).
+scripts/cuda_registers.py needs no GPU at all: it runs here on a real sm_90 compile."""
 import math
 import os
 import re
@@ -133,3 +134,38 @@ def test_host_split_smoke():
     assert code == 0, out[-3000:]
     assert re.search(r"^\| kiln +\| [\d.]+ +\| [\d.]+ +\| [\d.]+ +\| [\d.]+ +\|$", out, re.M), out[-3000:]
     assert re.search(r"^\| guard \(StaticGuard.bind\) +\| [\d.]+ +\| 2 +\|$", out, re.M), out[-3000:]
+
+
+def test_cuda_registers_finds_no_spill_in_a_batch_norm_training_step():
+    """scripts/cuda_registers.py compiles a cache entry's CUDA sources with NVRTC, no GPU needed: a
+    convolution + batch norm training step precompiled for sm_90 has vector column kernels (the
+    batch norm's split partials and per-channel sums), and none of the backward's kernels spills
+    (--fail-on-spill)."""
+    import kiln
+
+    from kilnd_server import Kilnd
+
+    sys.path.insert(0, str(REPO / "tests" / "python"))
+    from test_precompile import nvrtc_library
+
+    nvrtc = nvrtc_library()
+    if nvrtc is None:
+        pytest.skip("no NVRTC library (pip install nvidia-cuda-nvrtc, or set KILN_NVRTC_PATH)")
+    server = Kilnd(f"--nvrtc={nvrtc}")
+    try:
+        model = torch.nn.Sequential(torch.nn.Conv2d(8, 64, 3, padding=1, bias=False), torch.nn.BatchNorm2d(64),
+                                    torch.nn.ReLU())
+        x = torch.randn(8, 8, 32, 32).to(memory_format=torch.channels_last)
+        records = kiln.precompile(model, (x,), target="cuda:sm_90", training=True,
+                                  options={"server": server.address, "debug": True})
+        backward = [r for r in records if r.kind == "backward"]
+        assert len(backward) == 1, records
+        out = subprocess.run([sys.executable, str(REPO / "scripts" / "cuda_registers.py"), "--server", server.address,
+                              backward[0].key, "--nvrtc", nvrtc, "--fail-on-spill"],
+                             capture_output=True, text=True, timeout=600, cwd=REPO)
+        assert out.returncode == 0, out.stdout + out.stderr
+        columns = re.findall(r"^\| kiln_\w+ \| graph_\d+\.cu \| column \| (\d) \| (\d+) \| (\d+) \| 0 / 0 \|$",
+                             out.stdout, re.M)
+        assert columns and all(width == "4" for width, _, _ in columns), out.stdout
+    finally:
+        assert server.stop() == 0
