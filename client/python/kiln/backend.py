@@ -34,9 +34,7 @@ See kiln.options for every option and environment variable.
 """
 
 import hashlib
-import itertools
 import logging
-import operator
 import os
 import sys
 import threading
@@ -55,7 +53,8 @@ from kiln import server as server_mod
 from kiln import specialize as specialize_mod
 from kiln import counters as stats_mod
 from kiln.errors import KilnError, KilnWarning
-from kiln.guards import GuardFailure, InputGuard
+from kiln.guards import GuardFailure, StaticGuard
+from kiln.partition import _rows_recomputable, _without_detaches
 from kiln.requests import (_KIND_NAMES, _compile_request, detect_cpu_isa, graph_device,  # noqa: F401
                            request_for_graph, target_for, target_for_graph)
 from kiln.runtime import RuntimeUnavailable
@@ -137,86 +136,6 @@ def make_aot(compiler_for_kind, prefetch_backward=None):
                         bw_compiler=compiler_for_kind(proto.GRAPH_KIND_BACKWARD),
                         inference_compiler=compiler_for_kind(proto.GRAPH_KIND_INFERENCE),
                         partition_fn=partition_fn, keep_inference_input_mutations=True)
-
-
-def _without_detaches(partition_fn):
-    """partition_fn on the joint graph without its aten.detach nodes (each reader of one reads its
-    input instead), as Inductor's decompositions make them aliases it then drops. Autograd
-    formulas save `result.detach()` (exp, relu, tanh, sigmoid...); inside the traced joint graph a
-    detach changes nothing, but min-cut may not recompute through it, so it saved both relu and
-    exp of relu(x).exp() where without it it saves relu and recomputes exp in the backward (half
-    the saved bytes). A detach that is itself a graph output stays (output aliasing is AOTAutograd's
-    business)."""
-    detach = torch.ops.aten.detach.default
-
-    def partition(joint_module, joint_inputs, **kwargs):
-        graph = joint_module.graph
-        outputs = set()
-        for node in graph.nodes:
-            if node.op == "output":
-                torch.fx.node.map_arg(node.args, lambda a: outputs.add(a))
-        changed = False
-        for node in list(graph.nodes):
-            if node.op != "call_function" or node.target is not detach or node in outputs:
-                continue
-            if not node.args or not isinstance(node.args[0], torch.fx.Node):
-                continue
-            node.replace_all_uses_with(node.args[0])
-            graph.erase_node(node)
-            changed = True
-        if changed:
-            joint_module.recompile()
-        return partition_fn(joint_module, joint_inputs, **kwargs)
-
-    return partition
-
-
-# The row ops that min-cut may recompute in a backward when kiln partitions (besides its own
-# list): a softmax (log_softmax) and its backward, which Inductor sees decomposed into reductions
-# and pointwise ops that min-cut does recompute. kilnd computes a recomputed softmax in its
-# backward's row kernel (fuse.h, rule 3b), so a bf16 attention saves its bf16 scores for the
-# backward instead of the f32 probabilities: half the bytes, and no f32 write in the forward.
-_ROW_OPS = ("_softmax", "_softmax_backward_data", "_log_softmax", "_log_softmax_backward_data")
-_ROWS = threading.local()  # .on: this thread is in a kiln partition
-_ROWS_LOCK = threading.Lock()
-
-
-def _rows_recomputable(partition_fn):
-    """partition_fn with _ROW_OPS recomputable by min-cut, in this thread only. min-cut reads its
-    op lists from torch._functorch.partitioners.get_default_op_list at each call; kiln wraps that
-    function once (the wrapper adds the ops only while a kiln partition runs in the calling thread,
-    so Inductor's partitions are unchanged). Without that function (another torch), partition_fn
-    as it is."""
-    import torch._functorch.partitioners as partitioners
-
-    with _ROWS_LOCK:
-        current = getattr(partitioners, "get_default_op_list", None)
-        if current is not None and not getattr(current, "_kiln_rows", False):
-            def op_list(original=current):
-                types = original()
-                if getattr(_ROWS, "on", False):
-                    try:
-                        for name in _ROW_OPS:
-                            op = getattr(torch.ops.aten, name)
-                            types.fusible_ops.add(op)
-                            types.recomputable_ops.add(op)
-                    except Exception as e:  # another torch's OpTypes: its own lists
-                        log.debug("kiln: softmax recomputation not offered to min-cut (%s: %s)",
-                                  type(e).__name__, e)
-                return types
-
-            op_list._kiln_rows = True
-            partitioners.get_default_op_list = op_list
-
-    def partition(joint_module, joint_inputs, **kwargs):
-        was = getattr(_ROWS, "on", False)
-        _ROWS.on = True
-        try:
-            return partition_fn(joint_module, joint_inputs, **kwargs)
-        finally:
-            _ROWS.on = was
-
-    return partition
 
 
 def _partition_then(partition_fn, on_backward):
@@ -515,90 +434,6 @@ class _Spec:
 
     def __init__(self, guard, executor, key):
         self.guard, self.executor, self.key = guard, executor, key
-
-
-_TENSORS = itertools.repeat(torch.Tensor)  # isinstance's second argument, for map()
-_STRIDE = torch.Tensor.stride
-_META = operator.attrgetter("shape", "dtype", "is_cuda", "is_cpu")
-_MAX_ACCEPTED = 8
-
-
-class StaticGuard:
-    """kiln.guards.InputGuard with a fast path for graphs without symbols (every placeholder size,
-    stride and int a constant, each tensor on a CPU or CUDA device kind): per call, one pass in C
-    over the tensors' (sizes, dtype, device kind) and one over their strides, compared with the
-    expected lists. Anything else (a mismatch, an exception, a symbolic graph) goes to
-    InputGuard.bind, which decides and names the failure. Strides InputGuard accepts though they
-    differ from the graph's (size-1 dimensions) are remembered (up to 8 sets), so that such inputs
-    take the fast path from then on."""
-
-    def __init__(self, graph):
-        self.slow = InputGuard(graph)
-        self.fast = self._plan(graph)
-        self._accepted = set()
-
-    @staticmethod
-    def _plan(graph):
-        if graph.symbols:
-            return None
-        from kiln._tables import PB_TO_DTYPE
-
-        def constants(pbs):
-            if any(pb.WhichOneof("value") == "expr" for pb in pbs):
-                raise ValueError
-            return tuple(pb.constant for pb in pbs)
-
-        tensors, metas, strides, ints = [], [], [], []
-        nodes = [n for n in graph.nodes if n.op == proto.Node.OP_PLACEHOLDER]
-        try:
-            for i, node in enumerate(nodes):
-                kind = node.meta.WhichOneof("kind")
-                if kind == "tensor":
-                    m = node.meta.tensor
-                    if not m.HasField("device") or m.device.kind not in (proto.DEVICE_KIND_CPU,
-                                                                         proto.DEVICE_KIND_CUDA):
-                        return None
-                    cuda = m.device.kind == proto.DEVICE_KIND_CUDA
-                    sizes = constants(m.sizes)
-                    tensors.append(i)
-                    metas.append((torch.Size(sizes), PB_TO_DTYPE.get(m.dtype), cuda, not cuda))
-                    strides.append(constants(m.strides) if len(m.strides) == len(sizes) else None)
-                elif kind == "sym_int":
-                    if node.meta.sym_int.WhichOneof("value") == "expr":
-                        return None
-                    ints.append((i, node.meta.sym_int.constant))
-        except ValueError:
-            return None
-        if not tensors:
-            return None
-        get = operator.itemgetter(*tensors) if len(tensors) > 1 else (lambda args, i=tensors[0]: (args[i],))
-        return len(nodes), get, metas, strides, tuple(ints)
-
-    def bind(self, args):
-        """{symbol index: value} ({} here); raises kiln.guards.GuardFailure as InputGuard does."""
-        fast = self.fast
-        if fast is not None and len(args) == fast[0]:
-            try:
-                tensors = fast[1](args)
-                if (all(map(isinstance, tensors, _TENSORS))
-                        and list(map(_META, tensors)) == fast[2]
-                        and all(type(args[i]) is int and args[i] == c for i, c in fast[4])):
-                    strides = list(map(_STRIDE, tensors))
-                    if strides == fast[3]:
-                        return {}
-                    strides = tuple(strides)
-                    if strides in self._accepted:
-                        return {}
-                    symbols = self.slow.bind(args)
-                    if len(self._accepted) < _MAX_ACCEPTED:
-                        self._accepted.add(strides)
-                    return symbols
-            except GuardFailure:
-                raise
-            except Exception:
-                pass
-        return self.slow.bind(args)
-
 
 
 class CompiledGraph:

@@ -8,8 +8,16 @@ pointers already at the storage offset. Device indices are not guarded (not in t
 
 Symbols are bound from the first placeholder size/stride/int that is exactly that symbol; every
 other occurrence and every compound expression is then evaluated and compared.
-Does not import torch at module level.
+
+StaticGuard is InputGuard with a fast path for graphs without symbols (what kiln.backend uses for
+each artifact). Imports torch at module level: StaticGuard's fast path reads torch.Tensor's
+attributes directly.
 """
+
+import itertools
+import operator
+
+import torch
 
 from kiln import proto
 
@@ -166,6 +174,89 @@ class InputGuard:
         if 0 <= index < len(self.symbols) and self.symbols[index].name:
             return self.symbols[index].name
         return f"#{index}"
+
+
+_TENSORS = itertools.repeat(torch.Tensor)  # isinstance's second argument, for map()
+_STRIDE = torch.Tensor.stride
+_META = operator.attrgetter("shape", "dtype", "is_cuda", "is_cpu")
+_MAX_ACCEPTED = 8
+
+
+class StaticGuard:
+    """kiln.guards.InputGuard with a fast path for graphs without symbols (every placeholder size,
+    stride and int a constant, each tensor on a CPU or CUDA device kind): per call, one pass in C
+    over the tensors' (sizes, dtype, device kind) and one over their strides, compared with the
+    expected lists. Anything else (a mismatch, an exception, a symbolic graph) goes to
+    InputGuard.bind, which decides and names the failure. Strides InputGuard accepts though they
+    differ from the graph's (size-1 dimensions) are remembered (up to 8 sets), so that such inputs
+    take the fast path from then on."""
+
+    def __init__(self, graph):
+        self.slow = InputGuard(graph)
+        self.fast = self._plan(graph)
+        self._accepted = set()
+
+    @staticmethod
+    def _plan(graph):
+        if graph.symbols:
+            return None
+        from kiln._tables import PB_TO_DTYPE
+
+        def constants(pbs):
+            if any(pb.WhichOneof("value") == "expr" for pb in pbs):
+                raise ValueError
+            return tuple(pb.constant for pb in pbs)
+
+        tensors, metas, strides, ints = [], [], [], []
+        nodes = [n for n in graph.nodes if n.op == proto.Node.OP_PLACEHOLDER]
+        try:
+            for i, node in enumerate(nodes):
+                kind = node.meta.WhichOneof("kind")
+                if kind == "tensor":
+                    m = node.meta.tensor
+                    if not m.HasField("device") or m.device.kind not in (proto.DEVICE_KIND_CPU,
+                                                                         proto.DEVICE_KIND_CUDA):
+                        return None
+                    cuda = m.device.kind == proto.DEVICE_KIND_CUDA
+                    sizes = constants(m.sizes)
+                    tensors.append(i)
+                    metas.append((torch.Size(sizes), PB_TO_DTYPE.get(m.dtype), cuda, not cuda))
+                    strides.append(constants(m.strides) if len(m.strides) == len(sizes) else None)
+                elif kind == "sym_int":
+                    if node.meta.sym_int.WhichOneof("value") == "expr":
+                        return None
+                    ints.append((i, node.meta.sym_int.constant))
+        except ValueError:
+            return None
+        if not tensors:
+            return None
+        get = operator.itemgetter(*tensors) if len(tensors) > 1 else (lambda args, i=tensors[0]: (args[i],))
+        return len(nodes), get, metas, strides, tuple(ints)
+
+    def bind(self, args):
+        """{symbol index: value} ({} here); raises kiln.guards.GuardFailure as InputGuard does."""
+        fast = self.fast
+        if fast is not None and len(args) == fast[0]:
+            try:
+                tensors = fast[1](args)
+                if (all(map(isinstance, tensors, _TENSORS))
+                        and list(map(_META, tensors)) == fast[2]
+                        and all(type(args[i]) is int and args[i] == c for i, c in fast[4])):
+                    strides = list(map(_STRIDE, tensors))
+                    if strides == fast[3]:
+                        return {}
+                    strides = tuple(strides)
+                    if strides in self._accepted:
+                        return {}
+                    symbols = self.slow.bind(args)
+                    if len(self._accepted) < _MAX_ACCEPTED:
+                        self._accepted.add(strides)
+                    return symbols
+            except GuardFailure:
+                raise
+            except Exception:
+                pass
+        return self.slow.bind(args)
 
 
 def signature(args):
