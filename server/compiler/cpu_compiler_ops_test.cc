@@ -453,27 +453,7 @@ TEST(CpuCompilerOpsTest, BatchNormSplitForGpusMatchesTheCpuLowering) {
   for (const Case& cs : cases) {
     SCOPED_TRACE(absl::StrCat("[", absl::StrJoin(cs.sizes, ", "), "]"));
     const std::vector<int64_t> c = {cs.sizes[1]};
-    const v1::ValueMeta x_meta = C32(cs.sizes, cs.strides);
-    GraphBuilder b;
-    b.Input("x", x_meta).Input("w", C32(c)).Input("bias", C32(c)).Input("rm", C32(c)).Input("rv", C32(c))
-        .Input("go", x_meta)
-        .Call("bn", "aten._native_batch_norm_legit_functional.default",
-              {Ref("x"), Ref("w"), Ref("bias"), Ref("rm"), Ref("rv"), B(true), F(0.1), F(1e-5)},
-              Tuple({x_meta, C32(c), C32(c), C32(c), C32(c)}))
-        .Call("out", "operator.getitem", {Ref("bn"), I(0)}, x_meta)
-        .Call("smean", "operator.getitem", {Ref("bn"), I(1)}, C32(c))
-        .Call("sinv", "operator.getitem", {Ref("bn"), I(2)}, C32(c))
-        .Call("nrm", "operator.getitem", {Ref("bn"), I(3)}, C32(c))
-        .Call("nrv", "operator.getitem", {Ref("bn"), I(4)}, C32(c))
-        .Call("bwd", "aten.native_batch_norm_backward.default",
-              {Ref("go"), Ref("x"), Ref("w"), Ref("rm"), Ref("rv"), Ref("smean"), Ref("sinv"), B(true), F(1e-5),
-               L({B(true), B(true), B(true)})},
-              Tuple({x_meta, C32(c), C32(c)}))
-        .Call("gi", "operator.getitem", {Ref("bwd"), I(0)}, x_meta)
-        .Call("gw", "operator.getitem", {Ref("bwd"), I(1)}, C32(c))
-        .Call("gb", "operator.getitem", {Ref("bwd"), I(2)}, C32(c))
-        .Output({"out", "smean", "sinv", "nrm", "nrv", "gi", "gw", "gb"});
-    const v1::Graph g = b.Build();
+    const v1::Graph g = TrainingBatchNorm(cs.sizes, cs.strides);
     auto cpu = CompileGraph(g);
     ASSERT_TRUE(cpu.ok()) << cpu.status();
     auto gpu = CompileGpuLowering(g);

@@ -360,6 +360,33 @@ v1::Graph CollectiveGraph(const std::string& group_name) {
   return b.Build();
 }
 
+v1::Graph TrainingBatchNorm(const std::vector<int64_t>& sizes, const std::vector<int64_t>& strides) {
+  auto c32 = [](std::vector<int64_t> s, std::vector<int64_t> st = {}) {
+    return T(v1::DTYPE_FLOAT32, std::move(s), std::move(st), v1::DEVICE_KIND_CPU);
+  };
+  const std::vector<int64_t> c = {sizes[1]};
+  const v1::ValueMeta x = c32(sizes, strides);
+  GraphBuilder b;
+  b.Input("x", x).Input("w", c32(c)).Input("bias", c32(c)).Input("rm", c32(c)).Input("rv", c32(c)).Input("go", x)
+      .Call("bn", "aten._native_batch_norm_legit_functional.default",
+            {Ref("x"), Ref("w"), Ref("bias"), Ref("rm"), Ref("rv"), B(true), F(0.1), F(1e-5)},
+            Tuple({x, c32(c), c32(c), c32(c), c32(c)}))
+      .Call("out", "operator.getitem", {Ref("bn"), I(0)}, x)
+      .Call("smean", "operator.getitem", {Ref("bn"), I(1)}, c32(c))
+      .Call("sinv", "operator.getitem", {Ref("bn"), I(2)}, c32(c))
+      .Call("nrm", "operator.getitem", {Ref("bn"), I(3)}, c32(c))
+      .Call("nrv", "operator.getitem", {Ref("bn"), I(4)}, c32(c))
+      .Call("bwd", "aten.native_batch_norm_backward.default",
+            {Ref("go"), Ref("x"), Ref("w"), Ref("rm"), Ref("rv"), Ref("smean"), Ref("sinv"), B(true), F(1e-5),
+             L({B(true), B(true), B(true)})},
+            Tuple({x, c32(c), c32(c)}))
+      .Call("gi", "operator.getitem", {Ref("bwd"), I(0)}, x)
+      .Call("gw", "operator.getitem", {Ref("bwd"), I(1)}, c32(c))
+      .Call("gb", "operator.getitem", {Ref("bwd"), I(2)}, c32(c))
+      .Output({"out", "smean", "sinv", "nrm", "nrv", "gi", "gw", "gb"});
+  return b.Build();
+}
+
 std::vector<v1::Graph> AllTestGraphs() {
   return {MlpForward(), MlpBackward(), AttentionBlock(), ConvBlock(), DynamicGraph(), CollectiveGraph("tp:0")};
 }

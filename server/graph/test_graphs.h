@@ -63,6 +63,10 @@ v1::Graph AttentionBlock();
 v1::Graph ConvBlock();
 v1::Graph DynamicGraph();
 v1::Graph CollectiveGraph(const std::string& group_name);
+// A training batch norm over x of `sizes` (f32 on the CPU; empty `strides`: contiguous) and its
+// backward (train=true, every gradient): outputs out, save_mean, save_invstd, the new running mean
+// and var, grad_input, grad_weight, grad_bias. Inputs x, w, bias, rm, rv, go (go laid out as x).
+v1::Graph TrainingBatchNorm(const std::vector<int64_t>& sizes, const std::vector<int64_t>& strides = {});
 std::vector<v1::Graph> AllTestGraphs();
 
 // Imports a graph of placeholders "a0", "a1", ... (with `inputs` metadata) and one call of

@@ -523,31 +523,6 @@ TEST(FuseTest, AliasingStepInputsAreNotWorkspace) {
   EXPECT_EQ(r.plan.values(arg).storage(), v1::PlanValue::STORAGE_OUTPUT);
 }
 
-// A training batch norm over `sizes` and its backward (train=true), with all outputs.
-v1::Graph TrainingBatchNorm(const std::vector<int64_t>& sizes) {
-  const std::vector<int64_t> c = {sizes[1]};
-  GraphBuilder b;
-  b.Input("x", C32(sizes)).Input("w", C32(c)).Input("bias", C32(c)).Input("rm", C32(c)).Input("rv", C32(c))
-      .Input("go", C32(sizes))
-      .Call("bn", "aten._native_batch_norm_legit_functional.default",
-            {Ref("x"), Ref("w"), Ref("bias"), Ref("rm"), Ref("rv"), B(true), F(0.1), F(1e-5)},
-            Tuple({C32(sizes), C32(c), C32(c), C32(c), C32(c)}))
-      .Call("out", "operator.getitem", {Ref("bn"), I(0)}, C32(sizes))
-      .Call("smean", "operator.getitem", {Ref("bn"), I(1)}, C32(c))
-      .Call("sinv", "operator.getitem", {Ref("bn"), I(2)}, C32(c))
-      .Call("nrm", "operator.getitem", {Ref("bn"), I(3)}, C32(c))
-      .Call("nrv", "operator.getitem", {Ref("bn"), I(4)}, C32(c))
-      .Call("bwd", "aten.native_batch_norm_backward.default",
-            {Ref("go"), Ref("x"), Ref("w"), Ref("rm"), Ref("rv"), Ref("smean"), Ref("sinv"), B(true), F(1e-5),
-             L({B(true), B(true), B(true)})},
-            Tuple({C32(sizes), C32(c), C32(c)}))
-      .Call("gi", "operator.getitem", {Ref("bwd"), I(0)}, C32(sizes))
-      .Call("gw", "operator.getitem", {Ref("bwd"), I(1)}, C32(c))
-      .Call("gb", "operator.getitem", {Ref("bwd"), I(2)}, C32(c))
-      .Output({"out", "smean", "sinv", "nrm", "nrv", "gi", "gw", "gb"});
-  return b.Build();
-}
-
 // A training batch norm's partials (forward and backward) and per-channel combines: the partial
 // domain is [N, C, H, W] on CPUs; on GPUs [N, S, C, H / S, W], S the smallest divisor of H giving
 // N * S * C >= 8192 partials of at least 256 elements each (or the largest S keeping 256).
