@@ -105,47 +105,47 @@ void CudaKernelEmitter::ChooseRowLayout(const Size& rows, absl::optional<int64_t
     column_plan_ = PlanColumnVector();
     const int vec = column_vec_ = column_plan_.width;
     const int narrowest = NarrowestColumnLoad();
-    group_ = 32;
     // Vector columns: each row of a block's points is 128 bytes of the narrowest vector load
     // (a bf16 batch norm's partials: 16 threads of 4 channels); scalar ones: 32 points.
     column_points_ = vec == 1 ? kColumnPoints : std::max(1, std::min(kColumnPoints, 128 / (vec * narrowest)));
-    int max_group = 1024 / column_points_;
-    if (const absl::optional<int64_t> points = rows.AsConst()) {
+    const absl::optional<int64_t> points = rows.AsConst();
+    auto blocks_of = [&](int threads) { return (*points + int64_t{threads} * vec - 1) / (int64_t{threads} * vec); };
+    if (points) {
       // Fewer points than a block per SM (a batch norm's 32 x 64 (n, c) partials): narrower
       // blocks, down to 32 bytes of the narrowest coalesced load per row (a whole sector), and
       // more threads per point. 2048 bf16 points: 64 blocks of 32 x 32 threads -> 128 of 16 x 64.
-      auto blocks_of = [&](int threads) { return (*points + int64_t{threads} * vec - 1) / (int64_t{threads} * vec); };
       while (column_points_ / 2 * vec * narrowest >= 32 && blocks_of(column_points_) < num_sms_) {
         column_points_ /= 2;
       }
-      const int64_t blocks = blocks_of(column_points_);
-      max_group = 1024 / column_points_;
-      const int min_group = std::max(8, 32 / column_points_);  // whole warps
-      // Vector columns: the all-reduce's V states per thread within kColumnSmemBytes, and at
-      // least 16 rows per thread where the reduction's length is known (a split batch norm's
-      // partials are a few hundred rows: fewer, longer-running threads rather than a tree over
-      // many lanes that each load a few rows).
-      if (vec > 1) {
-        // Registers: V accumulators and V lanes of each load per thread. A thread of a
-        // 1024-thread block has 64; more accumulators and loads (a batch norm's backward partials
-        // with its fused producers: 4 sums over 11 loads) take 512-thread blocks (128 each)
-        // instead of spilling.
-        if (vec * ColumnWords() + 16 > 65536 / 1024) max_group = std::min(max_group, 512 / column_points_);
-        while (max_group > min_group && column_points_ * max_group * vec * max_state > kColumnSmemBytes) {
-          max_group /= 2;
-        }
-        if (total_c) {
-          while (max_group > min_group && *total_c < int64_t{max_group} * 16) max_group /= 2;
-        }
+    }
+    const int min_group = std::max(8, 32 / column_points_);  // whole warps
+    int max_group = 1024 / column_points_;
+    if (vec > 1) {
+      // Registers: V accumulators and V lanes of each load per thread. A thread of a 1024-thread
+      // block has 64; more accumulators and loads (a batch norm's backward partials with its
+      // fused producers: 4 sums over 11 loads) take 512-thread blocks (128 each) instead of
+      // spilling.
+      if (vec * ColumnWords() + 16 > 65536 / 1024) max_group = std::min(max_group, 512 / column_points_);
+      // The all-reduce's V states per thread within kColumnSmemBytes, and at least 16 rows per
+      // thread where the reduction's length is known (a split batch norm's partials are a few
+      // hundred rows: fewer, longer-running threads rather than a tree over many lanes that each
+      // load a few rows).
+      while (max_group > min_group && column_points_ * max_group * vec * max_state > kColumnSmemBytes) {
+        max_group /= 2;
       }
+      if (total_c) {
+        while (max_group > min_group && *total_c < int64_t{max_group} * 16) max_group /= 2;
+      }
+    }
+    if (points) {
+      // Threads per point (min_group up) until the blocks fill every SM's threads.
+      const int64_t blocks = blocks_of(column_points_);
       group_ = min_group;
       while (group_ < max_group && blocks * column_points_ * group_ < int64_t{num_sms_} * kThreadsPerSm) {
         group_ *= 2;
       }
-    } else if (vec > 1) {
-      while (group_ > std::max(8, 32 / column_points_) && column_points_ * group_ * vec * max_state > kColumnSmemBytes) {
-        group_ /= 2;
-      }
+    } else {
+      group_ = std::max(min_group, std::min(32, max_group));
     }
     launch_.block = column_points_ * group_;
     launch_.work_per_block = column_points_ * vec;

@@ -157,32 +157,21 @@ void CudaKernelEmitter::EmitRow(const VecPlan& plan, bool cache) {
   PushScope();
   if (shifted_) w_.Linef("const idx_t kiln_sh = ", plan.shift, ";");
   const bool lanes = column && width > 1;  // vector columns: an accumulator per point (lane)
+  // Vector columns: kiln_acc<id>[V], each lane's named acc<id> in its scope (DeclareColumnLane).
   for (const Accumulator& a : k_.accumulators) {
     const std::string t = ValueType(a.dtype);
-    if (lanes) {
-      // kiln_acc<id>[V], each lane's named acc<id> in its scope (DeclareColumnLane).
-      const char* st = AccStruct(a.kind);
-      std::string init = a.kind == AccKind::kSum    ? "0"
-                         : a.kind == AccKind::kProd ? "1"
-                         : a.kind == AccKind::kMax  ? absl::StrCat("kiln_cuda::lowest<", t, ">()")
-                                                    : absl::StrCat("kiln_cuda::highest<", t, ">()");
-      if (st != nullptr) {
-        w_.Linef("kiln_cuda::", st, "<", t, "> kiln_acc", a.id, "[", width, "];");
-      } else {
-        std::vector<std::string> inits(width, init);
-        w_.Linef(t, " kiln_acc", a.id, "[", width, "] = {", absl::StrJoin(inits, ", "), "};");
-      }
+    const std::string name = lanes ? absl::StrCat("kiln_acc", a.id, "[", width, "]") : absl::StrCat("acc", a.id);
+    if (const char* st = AccStruct(a.kind)) {
+      w_.Linef("kiln_cuda::", st, "<", t, "> ", name, ";");
       continue;
     }
-    if (const char* st = AccStruct(a.kind)) {
-      w_.Linef("kiln_cuda::", st, "<", t, "> acc", a.id, ";");
-    } else if (a.kind == AccKind::kSum) {
-      w_.Linef(t, " acc", a.id, " = 0;");
-    } else if (a.kind == AccKind::kProd) {
-      w_.Linef(t, " acc", a.id, " = 1;");
+    const std::string init = a.kind == AccKind::kSum    ? "0"
+                             : a.kind == AccKind::kProd ? "1"
+                             : absl::StrCat("kiln_cuda::", a.kind == AccKind::kMax ? "lowest" : "highest", "<", t, ">()");
+    if (lanes) {
+      w_.Linef(t, " ", name, " = {", absl::StrJoin(std::vector<std::string>(width, init), ", "), "};");
     } else {
-      w_.Linef(t, " acc", a.id, " = kiln_cuda::", a.kind == AccKind::kMax ? "lowest" : "highest",
-               "<", t, ">();");
+      w_.Linef(t, " ", name, " = ", init, ";");
     }
   }
   // Registers caching loads that recur in later phases (static lengths only).
