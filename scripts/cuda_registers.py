@@ -23,19 +23,18 @@ import subprocess
 import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "tests", "gpu"))
+import gpu_models as gm  # noqa: E402
 
 
 def find_nvrtc(explicit):
-    """The NVRTC library: --nvrtc, $KILN_NVRTC_PATH, the repo's .venv wheel, the CUDA toolkit."""
-    candidates = [explicit, os.environ.get("KILN_NVRTC_PATH")]
-    for pattern in (os.path.join(REPO, ".venv/lib/python3*/site-packages/nvidia/cu*/lib/libnvrtc.so.*"),
-                    f"{sys.prefix}/lib/python3*/site-packages/nvidia/cu*/lib/libnvrtc.so.*",
-                    "/usr/local/cuda/lib64/libnvrtc.so.*"):
-        candidates += sorted(p for p in glob.glob(pattern) if "builtins" not in p and ".alt." not in p)
-    for c in candidates:
-        if c and os.path.exists(c):
-            return c
-    return None
+    """The NVRTC library: --nvrtc, else the one kilnd's checks use (gpu_models.find_nvrtc:
+    $KILN_NVRTC_PATH, torch's nvidia wheels), else the CUDA toolkit's."""
+    found = explicit or gm.find_nvrtc()
+    if found:
+        return found
+    toolkit = sorted(p for p in glob.glob("/usr/local/cuda/lib64/libnvrtc.so.*") if "builtins" not in p)
+    return toolkit[0] if toolkit else None
 
 
 def load_nvrtc(path):
@@ -102,7 +101,7 @@ def main():
     ap.add_argument("--server", help="fetch KEY's sources from this kilnd with kilnctl")
     ap.add_argument("--kilnctl", default=None, help="default: bazel-bin/client/kilnctl/kilnctl, else kilnctl on PATH")
     ap.add_argument("--arch", default="sm_90", help="the cubin's target (default sm_90)")
-    ap.add_argument("--nvrtc", default=None, help="libnvrtc.so path (default: KILN_NVRTC_PATH, the .venv's)")
+    ap.add_argument("--nvrtc", default=None, help="libnvrtc.so path (default: KILN_NVRTC_PATH, torch's nvidia wheel, /usr/local/cuda)")
     ap.add_argument("--layout", default=None, help="only kernels of this layout (column, pointwise, warp_per_row, ...)")
     ap.add_argument("--spills-only", action="store_true", help="only kernels that spill")
     ap.add_argument("--fail-on-spill", action="store_true", help="exit 1 when a listed kernel spills")
