@@ -12,7 +12,10 @@ replays that decide which outputs are handed out in place).
 Examples (on the GPU machine, after tests/gpu/run_on_gpu.sh installed the client into /tmp/site):
   PYTHONPATH=/tmp/site python3 tests/gpu/host_split.py --model gpt_matmul --graphs
   python3 tests/gpu/host_split.py --model bert --backends kiln --kilnd .bundle/kiln/kilnd
-On a machine without a GPU, --device cpu --quick runs the same steps on small CPU models.
+On a machine without a GPU, --device cpu --quick runs the same steps on small CPU models; with
+--graphs there, kiln.testing.CpuGraphs stands in for CUDA graphs (each "replay" runs the CPU plan),
+so that kiln's graph-mode bookkeeping (capture key, busy check, copy-out) is timed on its own:
+  python3 tests/gpu/host_split.py --device cpu --quick --graphs --backends kiln --dtype fp32
 """
 
 import argparse
@@ -56,9 +59,10 @@ def wrap_kiln():
     from kiln import backend, cuda_graphs
 
     timed(backend.StaticGuard, "bind", "guard (StaticGuard.bind)")
-    timed(cuda_graphs.CudaGraphRunner, "__call__", "CUDA-graph runner call")
+    timed(cuda_graphs.CudaGraphRunner, "replay_if_captured", "CUDA-graph runner, captured key")
+    timed(cuda_graphs.CudaGraphRunner, "__call__", "CUDA-graph runner, other calls")
     timed(cuda_graphs._Captured, "replay", "  replay")
-    timed(cuda_graphs._TorchCuda, "replay", "    graph.replay()")
+    timed(type(cuda_graphs._DEVICE), "replay", "    graph.replay()")
     timed(cuda_graphs.CopyOut, "__call__", "    copy-out")
     timed(cuda_graphs._Captured, "busy", "  busy check")
     timed(cuda_graphs, "_key", "  capture key")
@@ -100,12 +104,17 @@ def main():
     import bench_gpu
 
     gm.import_kiln()
+    if args.graphs and args.device == "cpu":
+        from kiln import cuda_graphs, testing
+
+        cuda_graphs._DEVICE = testing.CpuGraphs()
     wrap_kiln()
     if args.graphs:
         gm.EXTRA_KILN_OPTIONS["cuda_graphs"] = True
     batch = None if args.quick else bench_gpu.BENCH_BATCH.get(args.model)
     print(f"# {args.model} training {args.dtype} ({gm.describe_size(args.model, args.quick, batch)}) on "
-          f"{args.device}; torch {torch.__version__}; " + ("CUDA-graph modes" if args.graphs else "default modes"))
+          f"{args.device}; torch {torch.__version__}; " + ("CUDA-graph modes" if args.graphs else "default modes")
+          + (" (kiln: kiln.testing.CpuGraphs for CUDA graphs)" if args.graphs and args.device == "cpu" else ""))
     rows = []
     for backend in args.backends.split(","):
         case = gm.make_case(args.model, args.quick, args.device, seed=0, batch=batch)

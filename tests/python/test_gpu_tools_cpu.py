@@ -136,6 +136,18 @@ def test_host_split_smoke():
     assert re.search(r"^\| guard \(StaticGuard.bind\) +\| [\d.]+ +\| 2 +\|$", out, re.M), out[-3000:]
 
 
+def test_host_split_graph_mode_on_cpu():
+    """host_split.py --graphs on the CPU (kiln.testing.CpuGraphs for CUDA graphs): after the
+    warm-up steps every call replays a captured key, which needs no guard."""
+    code, out = run_tool(GPU_TOOLS / "host_split.py", "--backends", "kiln", "--graphs", "--dtype", "fp32",
+                         "--steps", "3", "--warmup", "4")
+    assert code == 0, out[-3000:]
+    assert "CpuGraphs" in out, out[-3000:]
+    assert re.search(r"^\| CUDA-graph runner, captured key +\| [\d.]+ +\| 2 +\|$", out, re.M), out[-3000:]
+    assert re.search(r"^\|   capture key +\| [\d.]+ +\| 2 +\|$", out, re.M), out[-3000:]
+    assert "StaticGuard" not in out, out[-3000:]
+
+
 def test_cuda_registers_finds_no_spill_in_a_batch_norm_training_step():
     """scripts/cuda_registers.py compiles a cache entry's CUDA sources with NVRTC, no GPU needed: a
     convolution + batch norm training step precompiled for sm_90 has vector column kernels (the

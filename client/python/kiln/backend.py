@@ -430,10 +430,12 @@ def _known_address(opts):
 
 
 class _Spec:
-    """One artifact: the inputs it was compiled for and its executor."""
+    """One artifact: the inputs it was compiled for and its executor. `replay`: a CUDA-graph
+    runner's replay_if_captured (kiln.cuda_graphs), which CompiledGraph tries before the guard."""
 
     def __init__(self, guard, executor, key):
         self.guard, self.executor, self.key = guard, executor, key
+        self.replay = getattr(executor, "replay_if_captured", None)
 
 
 class CompiledGraph:
@@ -635,10 +637,11 @@ class CompiledGraph:
 
         executor = PlanExecutor(artifact, request.graph, constants, runtime_loader=runtime_loader,
                                 device=graph_device(request.graph), poison=self.opts.poison_buffers)
-        if self.opts.cuda_graphs and executor.cuda:
-            from kiln.cuda_graphs import CudaGraphRunner
+        if self.opts.cuda_graphs:
+            from kiln import cuda_graphs
 
-            executor = CudaGraphRunner(executor, name=self.name)
+            if cuda_graphs._DEVICE.wraps(executor):
+                executor = cuda_graphs.CudaGraphRunner(executor, name=self.name)
         if request.graph.free_layout_outputs and self.output_strides is None:
             self.output_strides = layouts.plan_output_strides(artifact.plan)
         return _Spec(StaticGuard(request.graph), executor, response.key)
@@ -722,6 +725,15 @@ class CompiledGraph:
         return run
 
     def __call__(self, args):
+        for spec in self.specs:  # CUDA-graph mode: a captured key needs no guard (replay_if_captured)
+            if spec.replay is not None:
+                try:
+                    out = spec.replay(args)
+                except Exception as e:
+                    return self._plan_failed(spec, e, args)
+                if out is not None:
+                    stats_mod.add("plan_calls")
+                    return out
         try:
             spec, symbols = self._choose(args)
         except KilnError:

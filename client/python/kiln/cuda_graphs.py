@@ -15,7 +15,9 @@ spans, as torch's own cudagraphs copy activations).
                       torch's libraries initialized).
   2nd call            one more run on a side stream, then the plan's run is captured into a
                       CUDAGraph with its own memory pool and replayed.
-  later calls         copy the non-static inputs in, replay, copy the outputs out.
+  later calls         copy the non-static inputs in, replay, copy the outputs out. kiln.backend
+                      tries replay_if_captured before its guard: a captured key
+                      holds everything the guard checks, so replays skip it.
 
 Outputs are copied out of the graph's memory pool after a replay, keeping their sizes, strides,
 storage offsets relative to each other and the aliasing among them, so the results of earlier
@@ -67,13 +69,14 @@ import torch
 from kiln import counters as stats_mod
 from kiln._exec_kernels import _current_stream
 from kiln._cuda_graph_copy import copy_out  # noqa: F401 (API)
-from kiln._cuda_graph_copy import CopyOut, _extent, _span_of, storage_owners
+from kiln._cuda_graph_copy import _HAS_INTERNAL_OVERLAP, CopyOut, _extent, _span_of, storage_owners
 from kiln._cuda_graph_inspect import inspect_graph
 from kiln.executor import _CUDA_CURRENT, _FAST_EMPTY
 
 log = logging.getLogger("kiln")
 
 DEFAULT_MAX_GRAPHS = 4
+_USE_COUNT = torch._C._storage_Use_Count
 _MAX_SEEN = 256
 PROMOTE_AFTER = 3  # releases in a row before an output is returned in place (_Captured._observe)
 WATCHED_REPLAYS = 8
@@ -153,6 +156,7 @@ class CudaGraphRunner:
         self.refusal, self.updated = inspect_graph(executor.graph)
         self.kept_outputs = frozenset(getattr(executor.graph, "saved_outputs", ()))
         self._flags = None  # the last _static_flags: computed again when a key is not found
+        self._first = 0  # the index of the first tensor in _flags (its device is the key's)
         self._seen = set()
         self._graphs = {}  # key -> _Captured
         self._failed = set()  # keys whose capture failed or was refused
@@ -171,6 +175,29 @@ class CudaGraphRunner:
         if not self._told:
             self._told = True
             log.info("kiln: CUDA graphs: %s: %s; it runs without a CUDA graph", self.name, why)
+
+    def replay_if_captured(self, inputs):
+        """The outputs of a replay when a graph is captured for these inputs' key and no output of
+        its last replay is still in use; else None, and nothing ran (then call the runner).
+
+        kiln.backend calls this before its guards: the key holds every tensor input's dtype, sizes
+        and strides (and the address of those read in place) and the other inputs' types and
+        values, so inputs with a captured key pass the guards that the capture's inputs passed.
+        (A tensor's device is not in the key: a copied input is copied into the graph's buffer
+        from wherever it is, and a static-address one on another device has another address.)"""
+        static = self._flags
+        if not self._graphs or self.refusal or static is None or len(static) != len(inputs):
+            return None
+        with self._lock:
+            try:
+                key = _key(inputs[self._first].device, inputs, static)
+            except AttributeError:  # an input is not what the flags say
+                return None
+            captured = self._graphs.get(key)
+            if captured is None or captured.busy():
+                return None
+            stats_mod.add("cuda_graph_replays")
+            return captured.replay(inputs)
 
     def __call__(self, inputs, symbols=None):
         if self.refusal:
@@ -195,6 +222,7 @@ class CudaGraphRunner:
                 fresh = _static_flags(inputs)
                 if fresh != static or key is None:
                     static = self._flags = fresh
+                    self._first = next(i for i, f in enumerate(fresh) if f is not None)
                     key = _key(device, inputs, static)
                     captured = self._graphs.get(key)
             if captured is not None:
@@ -238,8 +266,12 @@ class CudaGraphRunner:
 def _capture(executor, inputs, symbols, static, device, updated=(), kept=frozenset(),
              copied_outputs=frozenset()):
     static_inputs = list(inputs)
-    copied = []  # (input index, span): the static input is a view of `span`, which is filled from
-    for i, (t, s) in enumerate(zip(inputs, static)):  # the bytes the input's elements span
+    # (input index, its static buffer, whether the buffer is filled from the bytes the input
+    # spans): the static input is a view of a buffer of that span; an input without internal
+    # overlap is copied element by element into that view (the same sizes and strides), any other
+    # (expanded, overlapping) as the bytes it spans.
+    copied = []
+    for i, (t, s) in enumerate(zip(inputs, static)):
         if isinstance(t, torch.Tensor) and not s:
             if t.numel() == 0:
                 static_inputs[i] = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=t.device)
@@ -247,7 +279,8 @@ def _capture(executor, inputs, symbols, static, device, updated=(), kept=frozens
             span = torch.empty(_extent(t), dtype=t.dtype, device=t.device)
             span.copy_(_span_of(t))
             static_inputs[i] = span.as_strided(t.size(), t.stride(), 0)
-            copied.append((i, span))
+            whole = _HAS_INTERNAL_OVERLAP(t) != 0
+            copied.append((i, span if whole else static_inputs[i], whole))
     written_back = []  # (input index, its static buffer): copied back after each replay
     saved = []  # (static-address input, its values before the capture's runs)
     for i in updated:
@@ -326,43 +359,53 @@ class _Captured:
         _remember_static_storages(static_storages)
         self._plan()
 
-    def _plan(self):
+    def _plan(self, out=()):
         """The copy-out of the outputs not returned in place, and the storages of those returned in
         place with their use counts while only this object holds them: a higher count means
-        something still uses what a replay returned there."""
+        something still uses what a replay returned there. out: the outputs of the replay under
+        way (its views of the storages returned in place do not count as idle)."""
         handed = self.kept | self.in_place
         self.copy_out = CopyOut(self.outputs, handed)
-        self.handed = tuple(sorted(handed))
+        self.handed = tuple((k, self.outputs[k]) for k in sorted(handed))  # (index, output)
         storages = {}
-        for k in self.handed:
-            st = self.outputs[k].untyped_storage()
+        for k, t in self.handed:
+            st = t.untyped_storage()
             storages.setdefault(st.data_ptr(), (st, k))
-        self.idle_counts = [(st, k, torch._C._storage_Use_Count(st._cdata)) for st, k in storages.values()]
+        self.storages = [st for st, _ in storages.values()]  # holds them: their _cdata stay valid
+        self.storage_outputs = [k for _, k in storages.values()]
+        self.cdata = [st._cdata for st in self.storages]
+        self.idle_counts = list(map(_USE_COUNT, self.cdata))
+        where = {st.data_ptr(): i for i, st in enumerate(self.storages)}
+        for o in out:
+            i = where.get(o.untyped_storage().data_ptr()) if isinstance(o, torch.Tensor) else None
+            if i is not None:
+                self.idle_counts[i] -= 1
 
     def busy(self):
         """Whether a tensor that a replay returned in place is still in use (the next replay would
         overwrite it). Outputs other than saved tensors found in use are noted in `demote`: their
         memory now belongs to the caller, so the runner drops this graph and captures a new one
-        that copies them."""
-        busy = False
-        for st, k, idle in self.idle_counts:
-            if torch._C._storage_Use_Count(st._cdata) > idle:
-                busy = True
-                if k in self.in_place:
-                    self.demote.add(k)
-        return busy
+        that copies them. A count under the idle one (a miscounted idle state) counts as busy
+        too: the call then runs without the graph rather than risk overwriting a tensor in use."""
+        counts = list(map(_USE_COUNT, self.cdata))
+        if counts == self.idle_counts:
+            return False
+        for k, count, idle in zip(self.storage_outputs, counts, self.idle_counts):
+            if count > idle and k in self.in_place:
+                self.demote.add(k)
+        return True
 
     def replay(self, inputs):
         self.last = _DEVICE.order(self.last, self.device)  # after the previous replay's copy-out
-        for i, span in self.copied:
-            span.copy_(_span_of(inputs[i]))
+        for i, buffer, whole in self.copied:
+            buffer.copy_(_span_of(inputs[i]) if whole else inputs[i])
         _DEVICE.replay(self.graph, self.device, inputs)
         for i, buffer in self.written_back:
             inputs[i].copy_(buffer)
         fast = self.alloc is not None and self.device.index == _CUDA_CURRENT()
         out = self.copy_out(self.alloc if fast else None)
-        for k in self.handed:
-            out[k] = self.outputs[k].detach()  # a new tensor on the graph's memory (counted by busy())
+        for k, t in self.handed:
+            out[k] = t.detach()  # a new tensor on the graph's memory (counted by busy())
         for k, (i, sizes, strides, offset, whole) in self.aliases.items():
             t = inputs[i]
             out[k] = t if whole else t.as_strided(sizes, strides, t.storage_offset() + offset)
@@ -393,11 +436,16 @@ class _Captured:
             self.candidates.clear()
             self.watched.clear()
         if promoted:
-            self._plan()
+            self._plan(out)
 
 
 class _TorchCuda:
-    """The few CUDA operations the runner needs (replaced by a stand-in in the CPU unit tests)."""
+    """The few CUDA operations the runner needs (kiln.testing.CpuGraphs stands in for them on CPU)."""
+
+    @staticmethod
+    def wraps(executor):
+        """Whether kiln.backend wraps this PlanExecutor in a CudaGraphRunner (option cuda_graphs)."""
+        return executor.cuda
 
     @staticmethod
     def applies(device):

@@ -5,6 +5,8 @@ only), so the client's whole hit path (Lookup/Compile -> artifact -> guards -> e
 exercised before kilnd compiles anything. ``make_artifact`` adds the checksum kilnd computes, and
 ``import_artifact`` stores it under the graph's key through Admin.Import (a bundle holding one
 entry record), which re-verifies it as kilnd verifies its own entries.
+``CpuGraphs`` stands in for CUDA graphs (kiln.cuda_graphs._DEVICE), so that the CUDA-graph mode's
+bookkeeping runs with CPU plans on machines without a GPU.
 Symbolic sizes are kept as the graph has them (SymInt inputs and size computations become SymInt
 arguments of the steps); a node result that is neither a tensor, a list of them nor a SymInt raises
 NotImplementedError.
@@ -162,3 +164,46 @@ def import_artifact(client, request, artifact):
     data = bundle([(summary, entry_record(artifact, request))])
     response = client.import_bundle([proto.BundleChunk(data=data)], timeout=60)
     return key, response
+
+
+class CpuGraphs:
+    """Stands in for torch.cuda in kiln.cuda_graphs: install it with
+    ``monkeypatch.setattr(kiln.cuda_graphs, "_DEVICE", CpuGraphs())``. kiln.backend then wraps CPU
+    plans in CudaGraphRunner too (option cuda_graphs). A "graph" re-runs the captured executor at
+    replay, on the capture's static buffers and the replaying call's static-address inputs (what
+    a real graph reads at their addresses), and writes its results into the captured outputs, as
+    a replay writes the same memory. Like a real graph, it holds no static-address input.
+    Counts its captures and replays."""
+
+    def __init__(self):
+        self.captures, self.replays = 0, 0
+
+    def wraps(self, executor):
+        return True
+
+    def applies(self, device):
+        return True
+
+    def capturing(self, device):
+        return False
+
+    def capture(self, executor, static_inputs, symbols, static, device):
+        executor(static_inputs, symbols)  # the warm-up
+        outputs = executor(static_inputs, symbols)  # (a real capture runs nothing)
+        self.captures += 1
+        held = [None if s else t for t, s in zip(static_inputs, static)]
+        return (executor, held, static, symbols, outputs), outputs
+
+    def replay(self, graph, device, inputs):
+        import torch
+
+        executor, held, static, symbols, outputs = graph
+        args = [t if s else h for t, h, s in zip(inputs, held, static)]
+        with torch.no_grad():
+            for o, n in zip(outputs, executor(args, symbols)):
+                if isinstance(o, torch.Tensor):
+                    o.copy_(n)
+        self.replays += 1
+
+    def order(self, last, device):
+        return last

@@ -489,41 +489,6 @@ def test_inspect_graph_finds_the_inputs_a_graph_updates():
     assert cuda_graphs.inspect_graph(trace(into_its_own, 1)) == (None, ())
 
 
-class FakeGraphs:
-    """Stands in for torch.cuda in kiln.cuda_graphs: a "graph" re-runs the captured executor at
-    replay, on the capture's static buffers and the replaying call's static-address inputs (what
-    a real graph reads at their addresses), and writes its results into the captured outputs, as
-    a replay writes the same memory. Like a real graph, it holds no static-address input."""
-
-    def __init__(self):
-        self.captures, self.replays = 0, 0
-
-    def applies(self, device):
-        return True
-
-    def capturing(self, device):
-        return False
-
-    def capture(self, executor, static_inputs, symbols, static, device):
-        executor(static_inputs, symbols)  # the warm-up
-        outputs = executor(static_inputs, symbols)  # (a real capture runs nothing)
-        self.captures += 1
-        held = [None if s else t for t, s in zip(static_inputs, static)]
-        return (executor, held, static, symbols, outputs), outputs
-
-    def replay(self, graph, device, inputs):
-        executor, held, static, symbols, outputs = graph
-        args = [t if s else h for t, h, s in zip(inputs, held, static)]
-        with torch.no_grad():
-            for o, n in zip(outputs, executor(args, symbols)):
-                if isinstance(o, torch.Tensor):
-                    o.copy_(n)
-        self.replays += 1
-
-    def order(self, last, device):
-        return last
-
-
 def runner_for(fn, *args, saved=()):
     from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -540,7 +505,7 @@ def runner_for(fn, *args, saved=()):
 def fake_graphs(monkeypatch):
     from kiln import counters
 
-    fake = FakeGraphs()
+    fake = testing.CpuGraphs()
     monkeypatch.setattr(cuda_graphs, "_DEVICE", fake)
     counters.reset_stats()
     yield fake
@@ -588,6 +553,42 @@ def test_cuda_graph_runner_warms_up_captures_and_replays(fake_graphs):
     assert fake_graphs.captures == 2
 
 
+def test_replay_if_captured_replays_only_captured_free_keys(fake_graphs):
+    """replay_if_captured (what kiln.backend calls before its guard) replays a captured key and
+    returns None, running nothing, for anything else: before a capture, another layout, another
+    dtype, another parameter address, a non-tensor where a tensor was, and a busy graph."""
+    from kiln import counters
+
+    def fn(x, w):
+        h = x @ w
+        return h.sum(), h * 2
+
+    w = torch.nn.Parameter(torch.randn(8, 3))
+    runner = runner_for(fn, torch.randn(4, 8), w.detach(), saved=[1])
+    x = torch.randn(4, 8)
+    assert runner.replay_if_captured([x, w]) is None  # nothing captured yet
+    runner([x, w])
+    assert runner.replay_if_captured([x, w]) is None  # warmed up, not captured
+    del runner([x, w])[1]  # the capture
+    assert fake_graphs.captures == 1 and fake_graphs.replays == 1
+    loss, saved = runner.replay_if_captured([x, w])
+    torch.testing.assert_close(loss, (x @ w.detach()).sum())
+    assert fake_graphs.replays == 2 and counters.stats()["cuda_graph_replays"] == 2
+    # While `saved` (in the graph's memory) lives, the graph is busy: no replay.
+    assert runner.replay_if_captured([x, w]) is None and fake_graphs.replays == 2
+    del saved
+    misses = [[torch.randn(8, 4).t(), w],  # same sizes, other strides
+              [x.double(), w],
+              [x, torch.nn.Parameter(w.detach().clone())],  # another address
+              [x, 3],
+              [x]]
+    for inputs in misses:
+        assert runner.replay_if_captured(inputs) is None
+    assert fake_graphs.replays == 2 and counters.stats()["cuda_graph_replays"] == 2
+    del runner.replay_if_captured([x, w])[1]
+    assert fake_graphs.replays == 3
+
+
 def test_cuda_graph_runner_returns_saved_outputs_in_place(fake_graphs):
     """A forward's saved tensors (Graph.saved_outputs) are returned where the replay wrote them;
     a graph taking one as input (the backward) keys it by address and reads it in place; a call
@@ -630,7 +631,7 @@ def test_cuda_graph_runner_returns_saved_outputs_in_place(fake_graphs):
         g = torch.randn(4, 3)
         torch.testing.assert_close(backward([kept, g])[0], kept * g)
     (bw,) = backward._graphs.values()
-    assert [i for i, _ in bw.copied] == [1]  # g is copied in, kept is read where it is
+    assert [i for i, *_ in bw.copied] == [1]  # g is copied in, kept is read where it is
     del kept  # free again once the backward is done with it: a replay
     runner([x1, w])
     assert fake_graphs.replays == 4 + 2
@@ -679,6 +680,33 @@ def test_cuda_graph_runner_returns_released_outputs_in_place(fake_graphs):
         assert grad3.data_ptr() != recaptured.outputs[0].data_ptr()  # copied from now on
         torch.testing.assert_close(grad3, expect(x)[0])
     assert recaptured.in_place == set() and counters.stats()["cuda_graph_busy"] == 1
+
+
+def test_a_promotion_leaves_the_busy_check_of_saved_outputs_intact(fake_graphs):
+    """A forward whose loss is released before each next call gets it promoted in place while the
+    replay that promotes it holds the saved tensors' new views: the saved tensors' idle use counts
+    must not include those views, or a saved tensor still held at a later call (two forwards
+    before a backward) would be overwritten by that call's replay."""
+    from kiln import counters
+
+    def forward(x, w):
+        h = x @ w
+        return (h * 3).sum(), h * 2  # output 1 stands for a saved tensor
+
+    w = torch.nn.Parameter(torch.randn(8, 3))
+    runner = runner_for(forward, torch.randn(4, 8), w.detach(), saved=[1])
+    for _ in range(2 + cuda_graphs.PROMOTE_AFTER + 1):
+        loss, saved = runner([torch.randn(4, 8), w])
+        del loss, saved  # both released before the next call
+    (captured,) = runner._graphs.values()
+    assert captured.in_place == {0} and captured.kept == {1}
+    x1, x2 = torch.randn(4, 8), torch.randn(4, 8)
+    saved1 = runner([x1, w])[1]  # (the loss, in place, is released)
+    replays = fake_graphs.replays
+    saved2 = runner([x2, w])[1]  # saved1 is still held: this call must not replay over it
+    assert fake_graphs.replays == replays and counters.stats()["cuda_graph_busy"] == 1
+    torch.testing.assert_close(saved1, x1 @ w.detach() * 2)
+    torch.testing.assert_close(saved2, x2 @ w.detach() * 2)
 
 
 def test_static_storages_are_forgotten_once_freed():
