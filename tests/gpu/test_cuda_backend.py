@@ -32,8 +32,10 @@ sys.path.insert(0, str(REPO / "client" / "python"))
 
 import kiln  # noqa: E402
 import kiln.backend  # noqa: E402
+import test_backend_cuda_graphs as cuda_graph_patterns  # noqa: E402
 from kilnd_server import fresh_kiln  # noqa: E402
 
+PATTERNS = cuda_graph_patterns.PATTERNS
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 F32 = dict(rtol=1e-4, atol=1e-5)
@@ -447,6 +449,22 @@ def test_cuda_graph_mode_hands_out_gradients_in_place(server):
     s = assert_compiled_on_cuda(expect_graphs=2)
     # The forward at step 1; the backward at step 2 and again at step 9, after the busy call at step 8.
     assert s["cuda_graph_captures"] == 3 and s["cuda_graph_busy"] == 1, s
+
+
+@pytest.mark.parametrize("pattern", [p for p, _ in PATTERNS], ids=[p.__name__ for p, _ in PATTERNS])
+def test_cuda_graph_mode_training_patterns(server, pattern):
+    """The training loops of tests/python/test_backend_cuda_graphs.py (accumulation, several
+    forwards before one backward, outputs and gradients kept, a backward a step late...) with real
+    CUDA graphs: every step matches eager, and only the patterns that hold a forward's saved
+    tensors into another forward call find a graph busy."""
+    import copy
+
+    torch.manual_seed(0)
+    model = cuda_graph_patterns.mlp().cuda()
+    ref = copy.deepcopy(model)
+    compiled = torch.compile(model, backend="kiln", options={"server": server.address, "cuda_graphs": True})
+    cuda_graph_patterns.check_pattern(pattern, dict(PATTERNS)[pattern], compiled, model, ref,
+                                      lambda: [torch.randn(5, 8, device="cuda") for _ in range(3)], F32_GRAD)
 
 
 def test_kiln_compile_package_prewarms_its_convolutions(server):

@@ -201,8 +201,9 @@ class CpuGraphs:
         args = [t if s else h for t, h, s in zip(inputs, held, static)]
         with torch.no_grad():
             for o, n in zip(outputs, executor(args, symbols)):
-                if isinstance(o, torch.Tensor):
-                    o.copy_(n)
+                if isinstance(o, torch.Tensor):  # (a replay does not bump version counters)
+                    with torch.autograd._unsafe_preserve_version_counter(o):
+                        o.copy_(n)
         self.replays += 1
 
     def order(self, last, device):
