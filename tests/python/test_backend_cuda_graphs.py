@@ -176,3 +176,36 @@ def test_cuda_graph_mode_replays_captured_keys_without_the_guard(server, cpu_gra
     assert graphs.captures == 2 and s["cuda_graph_captures"] == 2
     assert s["cuda_graph_replays"] == 5 + 4 and s["plan_calls"] == 2 * 6
     assert len(binds) == 2 + 3, binds
+
+
+class ConvNet(torch.nn.Module):
+    """A convolution (an aten step), batch norm (running statistics updated by the graph: inputs
+    written back after each replay) and a linear head."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = torch.nn.BatchNorm2d(8)
+        self.fc = torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.fc(torch.relu(self.bn(self.conv(x))).mean((2, 3)))
+
+
+@pytest.mark.parametrize("layout", ["channels_last", "strided"])
+@pytest.mark.parametrize("pattern", [plain, three_forwards, backward_a_step_later], ids=lambda p: p.__name__)
+def test_batch_norm_net_patterns_match_eager(server, cpu_graphs, pattern, layout):
+    """Inputs in a channels-last layout or with gaps (every other column) are copied into the
+    graph's static buffers at each replay; batch norm's running statistics follow eager's."""
+    def make_inputs():
+        if layout == "channels_last":
+            return [torch.randn(4, 3, 6, 6).to(memory_format=torch.channels_last) for _ in range(3)]
+        return [torch.randn(4, 3, 6, 12)[..., ::2] for _ in range(3)]
+
+    torch.manual_seed(0)
+    model = ConvNet()
+    ref = copy.deepcopy(model)
+    compiled = torch.compile(model, backend="kiln", options={"server": server.address, "cuda_graphs": True})
+    check_pattern(pattern, dict(PATTERNS)[pattern], compiled, model, ref, make_inputs, dict(rtol=1e-4, atol=1e-5))
+    for name in ("running_mean", "running_var", "num_batches_tracked"):
+        torch.testing.assert_close(getattr(model.bn, name), getattr(ref.bn, name), rtol=1e-4, atol=1e-5)
