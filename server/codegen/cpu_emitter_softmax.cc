@@ -47,17 +47,16 @@ void CpuKernelEmitter::PlanSoftmaxTwoPass() {
     if (s.value->type != s.acc.dtype) continue;
     const int64_t bytes = length * (s.acc.dtype == kernel::ScalarType::kFloat64 ? 8 : 4);
     if (bytes > kRowBufferBytes) continue;
-    const ExprNode* load = HeldLoad(s.value.get());
-    if (load == nullptr) continue;
-    absl::optional<std::vector<const ExprNode*>> nodes =
-        ExpShiftNodes(k_, p + 1, s.acc.id, AccessKey(load->buffer, load->index));
-    if (!nodes || nodes->empty()) continue;
+    // The row buffer is the kernel's own: every later exp(value - max) may read it, whatever the
+    // value (a load, or a prologue of several ops) and whatever else reads its inputs.
+    std::vector<const ExprNode*> nodes = ExpShiftNodesOf(k_, p + 1, s.acc.id, s.value.get());
+    if (nodes.empty()) continue;
     SoftmaxTwoPass tp;
     tp.phase = p;
     tp.stmt = &s;
     tp.array = absl::StrCat("kiln_row", s.acc.id);
     tp.length = length;
-    tp.exp_nodes = std::move(*nodes);
+    tp.exp_nodes = std::move(nodes);
     two_pass_.push_back(std::move(tp));
   }
 }

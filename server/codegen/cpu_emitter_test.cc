@@ -116,6 +116,19 @@ TEST(CpuEmitter, SoftmaxTwoPassOnlyForShortRowsWithExpReuse) {
   EXPECT_NE(log_row.find("OnlineSoftmaxLanes"), std::string::npos) << log_row;
 }
 
+// A softmax of an expression (scores scaled and masked) keeps exp(v - max) in its row buffer too:
+// the output phase reads it, and the chained backward's two phases as well.
+TEST(CpuEmitter, SoftmaxOfAPrologueKeepsItsExpsInTheRowBuffer) {
+  for (bool backward : {false, true}) {
+    const std::string src = EmitOne(kt::MaskedScaledSoftmax(512, backward));
+    EXPECT_NE(src.find("float kiln_row0[512];"), std::string::npos) << src;
+    EXPECT_EQ(src.find("OnlineSoftmaxLanes"), std::string::npos) << src;
+    size_t exps = 0;
+    for (size_t at = src.find("kiln_cpu::exp("); at != std::string::npos; at = src.find("kiln_cpu::exp(", at + 1)) ++exps;
+    EXPECT_EQ(exps, 1u) << src;
+  }
+}
+
 TEST(CpuEmitterGolden, LayerNormUsesWelford) {
   EXPECT_EQ(EmitOne(kt::LayerNorm(768, 1e-5f)), R"cc(// kiln_kernel_0: rows, 1 outer dims, 1 reduction dims, 2 phases
 extern "C" __attribute__((visibility("default"))) void kiln_kernel_0(void* const* kiln_buffers, const int64_t* kiln_scalars) {

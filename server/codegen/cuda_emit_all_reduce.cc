@@ -37,7 +37,12 @@ const char* ReduceOp(AccKind k) {
 
 void CudaKernelEmitter::PlanExpReuse() {
   for (auto& [id, tp] : two_pass_) {
-    if (!tp.reuses_cache) continue;
+    if (!tp.reuses_cache) {  // kiln_a<id>: registers of this value alone
+      if (k_.accumulators[id].kind == AccKind::kOnlineSoftmax && !smem_arrays_.count(tp.array)) {
+        tp.exp_nodes = ExpShiftNodesOf(k_, tp.phase + 1, id, tp.value);
+      }
+      continue;
+    }
     auto smem = smem_arrays_.find(tp.array);
     if (smem != smem_arrays_.end() && kernel::IsHalfType(smem->second)) continue;  // 16-bit slots
     bool alone = true;

@@ -234,6 +234,7 @@ void CudaKernelEmitter::EmitRow(const VecPlan& plan, bool cache) {
         if (!cache) continue;
         TwoPass tp;
         tp.phase = static_cast<int>(pi);
+        tp.value = s.value.get();
         if (const ExprNode* load = HeldLoad(s.value.get())) {
           auto cached = cache_.find(AccessKey(load->buffer, load->index));
           if (cached != cache_.end() && s.value->type == s.acc.dtype) {

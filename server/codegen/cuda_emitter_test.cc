@@ -539,6 +539,26 @@ TEST(CudaEmitter, OddRowsMoveInVectorsShiftedToEachRowsAlignment) {
   EXPECT_EQ(launch.vector_width, 1);
 }
 
+// A softmax of an expression (attention's scores scaled and masked, kt::MaskedScaledSoftmax):
+// the value's own registers (kiln_a0) take exp(v - max) in pass B, so the output phase, and the
+// chained backward's two phases, read them: one exp per element, none recomputed.
+TEST(CudaEmitter, SoftmaxOfAPrologueKeepsItsExpsInItsOwnRegisters) {
+  CudaLaunch launch;
+  for (bool backward : {false, true}) {
+    SCOPED_TRACE(backward ? "backward" : "forward");
+    const std::string src = EmitOne(kt::MaskedScaledSoftmax(512, backward), true, &launch);
+    EXPECT_EQ(launch.layout, CudaLayout::kWarpPerRow);
+    EXPECT_EQ(launch.vector_width, 8);
+    EXPECT_EQ(Count(src, "kiln_a0[kiln_e * 8 + 7] = kiln_cuda::exp_approx(kiln_a0[kiln_e * 8 + 7] - acc0.max);"), 1)
+        << src;
+    EXPECT_EQ(Count(src, "kiln_cuda::exp_approx("), 9) << src;  // 8 vector lanes + the scalar path
+    EXPECT_EQ(Count(src, "kiln_cuda::exp("), 0) << src;
+    EXPECT_EQ(Count(src, "kiln_m"), 0) << src;
+    // Each element's scale and mask are computed once (phase 0), not again in later phases.
+    EXPECT_EQ(Count(src, " * 0x1p-3f;"), 9) << src;
+  }
+}
+
 TEST(CudaEmitter, Bf16SoftmaxCachesTheWidenedRowOnceWithOneExpPerElement) {
   CudaLaunch launch;
   const std::string src = EmitOne(kt::RowSoftmaxBf16(1024), true, &launch);

@@ -154,6 +154,10 @@ std::vector<Case> Cases() {
   c.push_back({"layer_norm_weight_grad", kt::LayerNormWeightGrad(3, 37, 70), {}});
   c.push_back({"softmax_then_backward_512", kt::SoftmaxThenBackward(512), {5}});
   c.push_back({"softmax_then_backward_777_misaligned", kt::SoftmaxThenBackward(777), {3}, true});
+  c.push_back({"masked_softmax_512", kt::MaskedScaledSoftmax(512, false), {6}});
+  c.push_back({"masked_softmax_3001_misaligned", kt::MaskedScaledSoftmax(3001, false), {3}, true});
+  c.push_back({"masked_softmax_backward_512", kt::MaskedScaledSoftmax(512, true), {5}});
+  c.push_back({"masked_softmax_backward_777_misaligned", kt::MaskedScaledSoftmax(777, true), {3}, true});
   c.push_back({"transpose_add_column_major", kt::TransposeAddColumnMajor(64, 96), {}});
   c.push_back({"transpose_add_column_major_tails", kt::TransposeAddColumnMajor(40, 70), {}});
   c.push_back({"bf16_chain", kt::Bf16Chain(1001), {}});
@@ -368,6 +372,7 @@ std::vector<Case> SharedCases() {
   c.push_back({"shared_layer_norm_bf16_50257_misaligned", kt::LayerNormBf16(50257, 1e-5f), {2}, true});
   c.push_back({"shared_softmax_bf16_4096_misaligned", kt::RowSoftmaxBf16(4096), {3}, true});
   c.push_back({"shared_softmax_plus_input_3001", SoftmaxPlusInput(3001), {4}, false, 3, 3001});
+  c.push_back({"shared_masked_softmax_3001", kt::MaskedScaledSoftmax(3001, false), {4}});
   c.push_back({"shared_rms_norm_bf16_3000", kt::RmsNorm(3000, 1e-6f, true), {3}});
   c.push_back({"shared_softmax_bf16_3001_staggered", kt::RowSoftmaxBf16(3001), {4}, false, 3, 0, true});
   for (Case& s : SlicedCases()) c.push_back(std::move(s));
@@ -447,7 +452,7 @@ void RunCases(std::vector<Case> cases, const CudaEmitOptions& options, Expect ex
     for (Storage& s : gpu_bufs) gp.push_back(s.ptr());
     for (Storage& s : cpu_bufs) cp.push_back(s.ptr());
     const CudaLaunch& launch = cuda->launches[i];
-    EXPECT_EQ(launch.layout == CudaLayout::kClusterRow, expect == Expect::kCluster) << c.name;
+    EXPECT_EQ(launch.layout == CudaLayout::kClusterRow, expect == Expect::kCluster) << c.name << ": " << CudaLayoutName(launch.layout);
     EXPECT_EQ(launch.layout == CudaLayout::kSharedRow, expect == Expect::kShared) << c.name;
     EXPECT_EQ(launch.shared_bytes > 0, expect == Expect::kShared) << c.name;
     absl::StatusOr<int64_t> grid = CudaGridSize(launch, c.scalars);

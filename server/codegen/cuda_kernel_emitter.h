@@ -161,8 +161,10 @@ class CudaKernelEmitter : public CpuKernelEmitter {
     bool reuses_cache = false;
     int phase = 0;              // the phase folding it
     std::string key;            // reuses_cache: the load's AccessKey
-    // Online softmax over a row cache whose later phases read the load only inside
-    // exp(x - max): pass B overwrites the cache with those exps, which these nodes then read.
+    const ExprNode* value = nullptr;  // the accumulated value
+    // Online softmax whose later phases read exp(value - max): pass B overwrites the slots with
+    // those exps, which these nodes then read. Over a row cache, only when the later phases read
+    // the load nowhere else; in kiln_a<id> (the value's own registers), always.
     std::vector<const ExprNode*> exp_nodes;
   };
 

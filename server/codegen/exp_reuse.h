@@ -4,7 +4,9 @@
 // the output expressions of later phases read those instead of calling exp again.
 //
 // This file finds where that is legal: the exp(x - max) nodes of the later phases, provided
-// nothing there reads x otherwise (the kept x is overwritten).
+// nothing there reads x otherwise (the kept x is overwritten); or, where the kernel keeps the
+// accumulated value in storage of its own (any expression, e.g. a masked and scaled score), the
+// exp(value - max) nodes of the later phases.
 
 #ifndef KILN_SERVER_CODEGEN_EXP_REUSE_H_
 #define KILN_SERVER_CODEGEN_EXP_REUSE_H_
@@ -29,6 +31,17 @@ const kernel::ExprNode* HeldLoad(const kernel::ExprNode* e);
 // when there is none.
 absl::optional<std::vector<const kernel::ExprNode*>> ExpShiftNodes(const kernel::Kernel& k, size_t from,
                                                                    int id, const std::string& key);
+
+// Whether `a` and `b` compute the same value in one kernel: the same tree of operations over the
+// same loads (buffer and index), constants, scalars, loop variables and accumulator reads.
+bool SameExpr(const kernel::ExprNode* a, const kernel::ExprNode* b);
+
+// The nodes exp(`value` - acc<id>.max) in phases `from`.. of `k` and its body (any subtree equal
+// to `value`, SameExpr): a kernel that keeps exp(value - max) per element (a row buffer of its own,
+// or registers holding only that value) lets them read it instead. The accumulated value may be a
+// whole prologue (a softmax of scores * scale, masked), not just a load.
+std::vector<const kernel::ExprNode*> ExpShiftNodesOf(const kernel::Kernel& k, size_t from, int id,
+                                                     const kernel::ExprNode* value);
 
 }  // namespace kiln::codegen
 

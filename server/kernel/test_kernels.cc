@@ -1,5 +1,7 @@
 #include "server/kernel/test_kernels.h"
 
+#include <limits>
+
 namespace kiln::kernel::testing {
 
 constexpr ScalarType kF32 = ScalarType::kFloat32;
@@ -121,6 +123,39 @@ absl::StatusOr<Kernel> SoftmaxThenBackward(int64_t cols) {
   kb.BeginPhase();
   kb.Add(Store(out, idx, Cast(ScalarType::kBFloat16,
                               Mul(y(), Sub(Cast(kF32, Load(g, idx)), AccRead(dot, AccField::kValue))))));
+  return kb.Finish();
+}
+
+absl::StatusOr<Kernel> MaskedScaledSoftmax(int64_t cols, bool backward) {
+  KernelBuilder kb(backward ? "masked scaled softmax then its backward" : "masked scaled softmax");
+  const Size n = kb.AddScalar(), c = Size::Const(cols);
+  const ScalarType bf16 = ScalarType::kBFloat16;
+  const Buffer x = kb.AddBuffer(bf16, Access::kRead, n * c);
+  const Buffer keep = kb.AddBuffer(ScalarType::kBool, Access::kRead, n * c);
+  Buffer g;
+  if (backward) g = kb.AddBuffer(bf16, Access::kRead, n * c);
+  const Buffer out = kb.AddBuffer(bf16, Access::kWrite, n * c);
+  const Var row = kb.AddOuter(n), col = kb.AddReduce(c);
+  const Accumulator sm = kb.AddAccumulator(AccKind::kOnlineSoftmax, kF32);
+  const Index idx = ContiguousIndex({row, col}, {n, c});
+  // Built anew at each use (other nodes, the same value), as the lowering does per phase.
+  auto v = [&]() {
+    const ExprOr scaled = Cast(kF32, Cast(bf16, Mul(Cast(kF32, Load(x, idx)), ConstFloat(kF32, 0.125))));
+    return Cast(kF32, Cast(bf16, Select(Load(keep, idx), scaled,
+                                        ConstFloat(kF32, -std::numeric_limits<double>::infinity()))));
+  };
+  auto y = [&]() { return Div(Exp(Sub(v(), AccRead(sm, AccField::kMax))), AccRead(sm, AccField::kSum)); };
+  kb.BeginPhase();
+  kb.Add(Accumulate(sm, v()));
+  kb.BeginPhase();
+  if (!backward) {
+    kb.Add(Store(out, idx, Cast(bf16, y())));
+    return kb.Finish();
+  }
+  const Accumulator dot = kb.AddAccumulator(AccKind::kSum, kF32);
+  kb.Add(Accumulate(dot, Mul(Cast(kF32, Load(g, idx)), y())));
+  kb.BeginPhase();
+  kb.Add(Store(out, idx, Cast(bf16, Mul(y(), Sub(Cast(kF32, Load(g, idx)), AccRead(dot, AccField::kValue))))));
   return kb.Finish();
 }
 

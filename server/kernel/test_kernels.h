@@ -35,6 +35,13 @@ absl::StatusOr<Kernel> LayerNormWeightGrad(int64_t batch, int64_t rows, int64_t 
 // and grad g [n0, cols] -> bf16 y * (g - sum(g * y)), y = softmax(f32(x)): phase 0 folds the
 // online softmax, phase 1 the sum of g * y, phase 2 stores.
 absl::StatusOr<Kernel> SoftmaxThenBackward(int64_t cols);
+// Attention's softmax as kiln fuses it in a bf16 model: a prologue on the scores, v =
+// f32(bf16(where(keep, f32(bf16(f32(x) * 0.125)), -inf))), then softmax(v) stored as bf16 (forward),
+// or, with `backward`, recomputed and chained with its backward as SoftmaxThenBackward. The
+// accumulated value is an expression, not a load: its registers hold exp(v - max) for the later
+// phases. Buffers: b0 = x bf16[n0, cols], b1 = keep bool[n0, cols], (backward: b2 = g bf16),
+// then out bf16. Scalars: n0 = rows.
+absl::StatusOr<Kernel> MaskedScaledSoftmax(int64_t cols, bool backward);
 
 // out = bf16(silu(f32(a) * f32(b)) + 1) for bf16 a, b, out of n elements (a pointwise chain with
 // one rounding at the store). Buffers: b0 = a, b1 = b, b2 = out.
