@@ -54,6 +54,28 @@ void CudaKernelEmitter::PlanExpReuse() {
   }
 }
 
+int CudaKernelEmitter::SoftmaxExpsKeptInRegisters(std::set<const ExprNode*>* exps) const {
+  std::map<int, int> folds;
+  for (const kernel::Phase& p : k_.phases) {
+    for (const Stmt& s : p.stmts) folds[s.acc.id] += s.kind == StmtKind::kAccumulate;
+  }
+  int n = 0;
+  for (size_t pi = 0; pi < k_.phases.size(); ++pi) {
+    for (const Stmt& s : k_.phases[pi].stmts) {
+      // As the two-pass plan in EmitRow takes them, with an array of their own (not a load's).
+      if (s.kind != StmtKind::kAccumulate || folds[s.acc.id] != 1 || s.acc.kind != AccKind::kOnlineSoftmax ||
+          !kernel::IsFloatType(s.acc.dtype) || HeldLoad(s.value.get()) != nullptr) {
+        continue;
+      }
+      const std::vector<const ExprNode*> nodes = ExpShiftNodesOf(k_, pi + 1, s.acc.id, s.value.get());
+      if (nodes.empty()) continue;
+      exps->insert(nodes.begin(), nodes.end());
+      ++n;
+    }
+  }
+  return n;
+}
+
 void CudaKernelEmitter::PlanApproxExp() {
   approx_exp_.clear();
   approx_exp_nodes_.clear();

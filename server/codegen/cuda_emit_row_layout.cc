@@ -198,11 +198,12 @@ void CudaKernelEmitter::ChooseRowLayout(const Size& rows, absl::optional<int64_t
   }
 }
 
-std::map<std::string, CudaKernelEmitter::RowLoad> CudaKernelEmitter::RowLoads() const {
+std::map<std::string, CudaKernelEmitter::RowLoad> CudaKernelEmitter::RowLoads(
+    const std::set<const ExprNode*>& skip) const {
   std::map<std::string, RowLoad> loads;
   for (size_t p = 0; p < k_.phases.size(); ++p) {
     std::set<std::string> here;
-    for (const ExprNode* l : LoadsOf(k_.phases[p].stmts)) {
+    for (const ExprNode* l : LoadsOf(k_.phases[p].stmts, skip)) {
       if (!l->args.empty()) continue;
       bool uses_r = false;
       for (const IndexTerm& t : l->index.terms) uses_r |= t.var.kind == VarKind::kReduce;

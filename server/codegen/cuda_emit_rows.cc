@@ -181,11 +181,27 @@ void CudaKernelEmitter::EmitRow(const VecPlan& plan, bool cache) {
     // Shifted rows: chunks over [-kiln_sh, total), up to width - 1 elements more.
     chunks = (*total_c + (shifted_ ? width - 1 : 0) + int64_t{group_} * width - 1) /
              (int64_t{group_} * width);
-    const std::map<std::string, RowLoad> loads = RowLoads();
+    std::map<std::string, RowLoad> loads = RowLoads();
     int64_t values = 0;
     for (const auto& [key, l] : loads) values += l.phases > 1 && !shared ? chunks * width : 0;
     // At most half of the registers a thread of this block size may have.
     const int64_t limit = std::min<int64_t>(cuda_.max_cached_values, 65536 / launch_.block / 2);
+    if (!shared && cache) {
+      // Softmaxes of an expression keep exp(v - max) in registers of their own for the later
+      // phases (PlanExpReuse): loads that those phases read only inside such exps need no cache.
+      // Planned so when the trimmed caches and the softmaxes' registers fit together.
+      std::set<const ExprNode*> reused;
+      const int64_t own = SoftmaxExpsKeptInRegisters(&reused) * chunks * width;
+      if (!reused.empty()) {
+        std::map<std::string, RowLoad> trimmed = RowLoads(reused);
+        int64_t trimmed_values = 0;
+        for (const auto& [key, l] : trimmed) trimmed_values += l.phases > 1 ? chunks * width : 0;
+        if (trimmed_values + own <= limit && trimmed_values < values) {
+          loads = std::move(trimmed);
+          values = trimmed_values;
+        }
+      }
+    }
     if (values > limit || !cache) values = 0;
     if (shared && cache) {
       // kSharedRow: each recurring load's slots in dynamic shared memory, one after another

@@ -556,7 +556,20 @@ TEST(CudaEmitter, SoftmaxOfAPrologueKeepsItsExpsInItsOwnRegisters) {
     EXPECT_EQ(Count(src, "kiln_m"), 0) << src;
     // Each element's scale and mask are computed once (phase 0), not again in later phases.
     EXPECT_EQ(Count(src, " * 0x1p-3f;"), 9) << src;
+    // Scores and mask are read in later phases only inside those exps: not cached. The
+    // backward's gradient (phases 1 and 2) is (in the vector and the scalar path).
+    EXPECT_EQ(Count(src, "float kiln_c"), backward ? 2 : 0) << src;
+    EXPECT_EQ(Count(src, "bool kiln_c"), 0) << src;
+    EXPECT_EQ(launch.cached_values, backward ? 32 : 16) << src;
   }
+  // 1024 columns: with the dead caches the row's registers (32 + 32 + 32 values) would not fit
+  // the 64 a warp-per-row thread may cache, and the softmax would fall back to the online rule
+  // with two exps per element.
+  const std::string src = EmitOne(kt::MaskedScaledSoftmax(1024, false), true, &launch);
+  EXPECT_EQ(launch.layout, CudaLayout::kWarpPerRow);
+  EXPECT_EQ(Count(src, "kiln_a0[kiln_e * 8 + 7] = kiln_cuda::exp_approx(kiln_a0[kiln_e * 8 + 7] - acc0.max);"), 1)
+      << src;
+  EXPECT_EQ(Count(src, "kiln_cuda::exp_approx("), 9) << src;
 }
 
 TEST(CudaEmitter, Bf16SoftmaxCachesTheWidenedRowOnceWithOneExpPerElement) {

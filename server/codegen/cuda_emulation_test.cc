@@ -155,6 +155,7 @@ std::vector<Case> Cases() {
   c.push_back({"softmax_then_backward_512", kt::SoftmaxThenBackward(512), {5}});
   c.push_back({"softmax_then_backward_777_misaligned", kt::SoftmaxThenBackward(777), {3}, true});
   c.push_back({"masked_softmax_512", kt::MaskedScaledSoftmax(512, false), {6}});
+  c.push_back({"masked_softmax_1024", kt::MaskedScaledSoftmax(1024, false), {5}});
   c.push_back({"masked_softmax_3001_misaligned", kt::MaskedScaledSoftmax(3001, false), {3}, true});
   c.push_back({"masked_softmax_backward_512", kt::MaskedScaledSoftmax(512, true), {5}});
   c.push_back({"masked_softmax_backward_777_misaligned", kt::MaskedScaledSoftmax(777, true), {3}, true});

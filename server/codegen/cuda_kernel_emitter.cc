@@ -50,8 +50,8 @@ absl::optional<int64_t> ConstStride(const Index& index, const Var& var) {
   return int64_t{0};
 }
 
-std::vector<const ExprNode*> LoadsOf(const std::vector<Stmt>& stmts) {
-  std::set<const ExprNode*> seen;
+std::vector<const ExprNode*> LoadsOf(const std::vector<Stmt>& stmts, const std::set<const ExprNode*>& skip) {
+  std::set<const ExprNode*> seen = skip;
   std::vector<const ExprNode*> out;
   for (const Stmt& s : stmts) CollectLoads(s.value, &seen, &out);
   return out;

@@ -59,7 +59,8 @@ Size Product(const std::vector<Size>& sizes);
 absl::optional<int64_t> ConstStride(const Index& index, const Var& var);
 
 // The load nodes of the values of `stmts`, each node once, in post-order (masks first).
-std::vector<const ExprNode*> LoadsOf(const std::vector<Stmt>& stmts);
+// The loads in `stmts` outside the subtrees of `skip`.
+std::vector<const ExprNode*> LoadsOf(const std::vector<Stmt>& stmts, const std::set<const ExprNode*>& skip = {});
 
 // Whether `index` is contiguous along `x` with a constant offset and constant strides (what
 // shifted vector rows and Residues need).
@@ -236,7 +237,8 @@ class CudaKernelEmitter : public CpuKernelEmitter {
   // group_, smem_bytes_, and the long rows' shape.
   void ChooseRowLayout(const Size& rows, absl::optional<int64_t> total_c);
   // The unmasked loads along the reduction, by AccessKey.
-  std::map<std::string, RowLoad> RowLoads() const;
+  // Loads along the row per AccessKey, with the phases reading them outside the nodes of `skip`.
+  std::map<std::string, RowLoad> RowLoads(const std::set<const ExprNode*>& skip = {}) const;
   // Loads along the reduction that recur in a later phase (the row cache's arrays); with
   // `element_bytes`, the bytes of one element of each of them, summed.
   int RecurringLoads(int64_t* element_bytes = nullptr) const;
@@ -317,6 +319,11 @@ class CudaKernelEmitter : public CpuKernelEmitter {
   // ---- all-reduces and two-pass statistics (cuda_emit_all_reduce.cc) ----
   // Plans the exp reuse of every online-softmax two-pass accumulator that may have it.
   void PlanExpReuse();
+  // The online softmaxes of an expression (not a load) that EmitRow's two-pass plan would keep in
+  // registers of their own, with exp nodes in later phases: adds those nodes to `exps` and
+  // returns how many softmaxes (each needs one row of registers). EmitRow leaves loads read
+  // only inside those nodes uncached.
+  int SoftmaxExpsKeptInRegisters(std::set<const ExprNode*>* exps) const;
   // Softmax exps whose results are rounded to f16/bf16 (the kernel's every result is, or the
   // accumulator is marked approx_exp by the lowering: a 16-bit softmax fused with other results,
   // the partials of a split one): pass B's exp(x - max) and the later phases' exp(load - max)
