@@ -16,6 +16,8 @@ On a machine without a GPU, --device cpu --quick runs the same steps on small CP
 --graphs there, kiln.testing.CpuGraphs stands in for CUDA graphs (each "replay" runs the CPU plan),
 so that kiln's graph-mode bookkeeping (capture key, busy check, copy-out) is timed on its own:
   python3 tests/gpu/host_split.py --device cpu --quick --graphs --backends kiln --dtype fp32
+--free-replays (CPU, with --graphs) makes those replays do nothing, so that the step times kiln's
+and torch's host work alone (the losses are then meaningless).
 """
 
 import argparse
@@ -97,7 +99,11 @@ def main():
     ap.add_argument("--kilnd", default=None)
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--quick", action="store_true", help="the small model sizes (as bench_gpu.py --quick)")
+    ap.add_argument("--free-replays", action="store_true",
+                    help="--device cpu --graphs: the stand-in's replays do nothing (host work alone)")
     args = ap.parse_args()
+    if args.free_replays and not (args.graphs and args.device == "cpu"):
+        ap.error("--free-replays needs --device cpu --graphs (it replaces the CPU stand-in's replays)")
 
     import torch
 
@@ -107,7 +113,7 @@ def main():
     if args.graphs and args.device == "cpu":
         from kiln import cuda_graphs, testing
 
-        cuda_graphs._DEVICE = testing.CpuGraphs()
+        cuda_graphs._DEVICE = testing.CpuGraphs(replays_run=not args.free_replays)
     wrap_kiln()
     if args.graphs:
         gm.EXTRA_KILN_OPTIONS["cuda_graphs"] = True

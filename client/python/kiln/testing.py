@@ -173,10 +173,12 @@ class CpuGraphs:
     replay, on the capture's static buffers and the replaying call's static-address inputs (what
     a real graph reads at their addresses), and writes its results into the captured outputs, as
     a replay writes the same memory. Like a real graph, it holds no static-address input.
-    Counts its captures and replays."""
+    Counts its captures and replays. replays_run=False: a replay does nothing (the outputs keep
+    the capture's values; wrong results by design), to time the host work around replays alone."""
 
-    def __init__(self):
+    def __init__(self, replays_run=True):
         self.captures, self.replays = 0, 0
+        self.replays_run = replays_run
 
     def wraps(self, executor):
         return True
@@ -197,6 +199,9 @@ class CpuGraphs:
     def replay(self, graph, device, inputs):
         import torch
 
+        self.replays += 1
+        if not self.replays_run:
+            return
         executor, held, static, symbols, outputs = graph
         args = [t if s else h for t, h, s in zip(inputs, held, static)]
         with torch.no_grad():
@@ -204,7 +209,6 @@ class CpuGraphs:
                 if isinstance(o, torch.Tensor):  # (a replay does not bump version counters)
                     with torch.autograd._unsafe_preserve_version_counter(o):
                         o.copy_(n)
-        self.replays += 1
 
     def order(self, last, device):
         return last
