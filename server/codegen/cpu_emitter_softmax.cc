@@ -32,10 +32,7 @@ void CpuKernelEmitter::PlanSoftmaxTwoPass() {
     length *= *c;
   }
   if (length <= 0) return;
-  std::map<int, int> folds;
-  for (const kernel::Phase& ph : k_.phases) {
-    for (const Stmt& s : ph.stmts) folds[s.acc.id] += s.kind == StmtKind::kAccumulate;
-  }
+  std::map<int, int> folds = FoldCounts(k_);
   for (size_t p = 0; p < k_.phases.size(); ++p) {
     const std::vector<Stmt>& stmts = k_.phases[p].stmts;
     if (stmts.size() != 1) continue;

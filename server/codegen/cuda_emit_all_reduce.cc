@@ -55,10 +55,7 @@ void CudaKernelEmitter::PlanExpReuse() {
 }
 
 int CudaKernelEmitter::SoftmaxExpsKeptInRegisters(std::set<const ExprNode*>* exps) const {
-  std::map<int, int> folds;
-  for (const kernel::Phase& p : k_.phases) {
-    for (const Stmt& s : p.stmts) folds[s.acc.id] += s.kind == StmtKind::kAccumulate;
-  }
+  std::map<int, int> folds = FoldCounts(k_);
   int n = 0;
   for (size_t pi = 0; pi < k_.phases.size(); ++pi) {
     for (const Stmt& s : k_.phases[pi].stmts) {

@@ -238,10 +238,7 @@ void CudaKernelEmitter::EmitRow(const VecPlan& plan, bool cache) {
     // Online softmax and Welford over register-resident values: two cheap passes instead of
     // the per-element online rule (a max or sum, then exp(x - max) or (x - mean)^2). Not for
     // an accumulator folded by more than one statement.
-    std::map<int, int> folds;
-    for (const kernel::Phase& p : k_.phases) {
-      for (const Stmt& s : p.stmts) folds[s.acc.id] += s.kind == StmtKind::kAccumulate;
-    }
+    std::map<int, int> folds = FoldCounts(k_);
     for (size_t pi = 0; pi < k_.phases.size(); ++pi) {
       for (const Stmt& s : k_.phases[pi].stmts) {
         if (s.kind != StmtKind::kAccumulate || folds[s.acc.id] != 1) continue;

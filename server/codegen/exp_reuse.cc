@@ -66,6 +66,14 @@ absl::optional<std::vector<const ExprNode*>> ExpShiftNodes(const kernel::Kernel&
   return nodes;
 }
 
+std::map<int, int> FoldCounts(const kernel::Kernel& k) {
+  std::map<int, int> folds;
+  for (const kernel::Phase& p : k.phases) {
+    for (const kernel::Stmt& s : p.stmts) folds[s.acc.id] += s.kind == kernel::StmtKind::kAccumulate;
+  }
+  return folds;
+}
+
 bool SameExpr(const ExprNode* a, const ExprNode* b) {
   if (a == b) return true;
   if (a->kind != b->kind || a->type != b->type || a->args.size() != b->args.size()) return false;

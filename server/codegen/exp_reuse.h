@@ -11,6 +11,7 @@
 #ifndef KILN_SERVER_CODEGEN_EXP_REUSE_H_
 #define KILN_SERVER_CODEGEN_EXP_REUSE_H_
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,10 @@ const kernel::ExprNode* HeldLoad(const kernel::ExprNode* e);
 // when there is none.
 absl::optional<std::vector<const kernel::ExprNode*>> ExpShiftNodes(const kernel::Kernel& k, size_t from,
                                                                    int id, const std::string& key);
+
+// accumulator id -> how many statements of `k`'s phases fold it (the two-pass softmax and Welford
+// plans take accumulators folded by exactly one).
+std::map<int, int> FoldCounts(const kernel::Kernel& k);
 
 // Whether `a` and `b` compute the same value in one kernel: the same tree of operations over the
 // same loads (buffer and index), constants, scalars, loop variables and accumulator reads.

@@ -12,6 +12,14 @@ def kilnd():
 
 
 @pytest.fixture(scope="module")
+def server():
+    """One kilnd for a test module (a module wanting one per test defines its own `server`)."""
+    s = Kilnd()
+    yield s
+    assert s.stop() == 0
+
+
+@pytest.fixture(scope="module")
 def no_compile_server():
     """A kilnd that serves cached artifacts only (--no_compile): tests that plant hand-made
     artifacts through Admin.Import use it, so that kilnd's own compiler does not get there first."""

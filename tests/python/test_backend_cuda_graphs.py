@@ -11,29 +11,22 @@ import pytest
 import torch
 
 import kiln
-import kiln.backend
 from kiln import cuda_graphs, guards, testing
-from kilnd_server import Kilnd
+from kilnd_server import fresh_kiln
 
 logging.getLogger("torch.__trace").addFilter(lambda record: False)
 
 
-@pytest.fixture(scope="module")
-def server():
-    s = Kilnd()
-    yield s
-    assert s.stop() == 0
+@pytest.fixture(autouse=True)
+def fresh(monkeypatch):
+    yield from fresh_kiln(monkeypatch)
 
 
 @pytest.fixture
 def cpu_graphs(monkeypatch):
-    torch._dynamo.reset()
-    kiln.backend.reset()
-    kiln.reset_stats()
     graphs = testing.CpuGraphs()
     monkeypatch.setattr(cuda_graphs, "_DEVICE", graphs)
-    yield graphs
-    torch._dynamo.reset()
+    return graphs
 
 
 def mlp():

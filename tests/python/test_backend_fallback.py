@@ -21,13 +21,6 @@ from kilnd_server import Kilnd, fresh_kiln, server_requests
 logging.getLogger("torch.__trace").addFilter(lambda record: False)
 
 
-@pytest.fixture(scope="module")
-def server():
-    s = Kilnd()
-    yield s
-    assert s.stop() == 0
-
-
 @pytest.fixture(autouse=True)
 def fresh(monkeypatch):
     yield from fresh_kiln(monkeypatch)

@@ -12,17 +12,9 @@ import kiln
 import kiln.backend
 from kiln import proto, testing
 from kiln.rpc import KilnClient
-from kilnd_server import Kilnd
 
 # torch's structured-trace logger would flood failure reports with empty records.
 logging.getLogger("torch.__trace").addFilter(lambda record: False)
-
-
-@pytest.fixture(scope="module")
-def server():
-    s = Kilnd()
-    yield s
-    assert s.stop() == 0
 
 
 @pytest.fixture(autouse=True)

@@ -71,13 +71,6 @@ class ConvNet(nn.Module):
 MODELS = {"mlp": (MLP, (8, 16)), "transformer_block": (Block, (2, 6, 16)), "conv": (ConvNet, (4, 3, 8, 8))}
 
 
-@pytest.fixture(scope="module")
-def server():
-    s = Kilnd()
-    yield s
-    assert s.stop() == 0
-
-
 @pytest.fixture(autouse=True)
 def fresh(monkeypatch):
     yield from fresh_kiln(monkeypatch)

@@ -15,16 +15,9 @@ import kiln
 import kiln.backend
 from kiln import proto, testing
 from kiln.rpc import KilnClient
-from kilnd_server import Kilnd, fresh_kiln, server_requests
+from kilnd_server import fresh_kiln, server_requests
 
 logging.getLogger("torch.__trace").addFilter(lambda record: False)
-
-
-@pytest.fixture(scope="module")
-def server():
-    s = Kilnd()
-    yield s
-    assert s.stop() == 0
 
 
 @pytest.fixture(autouse=True)

@@ -65,13 +65,6 @@ def fresh(monkeypatch):
     yield from fresh_kiln(monkeypatch)
 
 
-@pytest.fixture(scope="module")
-def server():
-    s = Kilnd()
-    yield s
-    assert s.stop() == 0
-
-
 def nvrtc_library():
     """An NVRTC for kilnd's CUDA compiles (no GPU needed), or None."""
     if os.environ.get("KILN_NVRTC_PATH"):
