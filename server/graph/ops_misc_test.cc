@@ -87,12 +87,31 @@ TEST(NnTest, BackwardForms) {
                         {F32({2, 3, 4, 4}), F32({3}), F32({3}), F32({3}), F32({3})},
                         {Ref("a0"), Ref("a1"), Ref("a2"), Ref("a3"), Ref("a4"), F(0.1), F(1e-5)}),
             "(f32[2, 3, 4, 4] strides [48, 16, 4, 1] cuda, ?, ?)");
+  // bf16 running statistics: the update's dtype is the graph's (f32 from torch's decomposition on
+  // CPU, bf16 from CUDA's kernel); f32 ones are checked.
+  const auto bf16 = [](std::vector<int64_t> sizes) { return T(v1::DTYPE_BFLOAT16, std::move(sizes)); };
+  EXPECT_EQ(InferString("aten._native_batch_norm_legit_functional.default",
+                        {bf16({2, 3, 4, 4}), bf16({3}), bf16({3}), bf16({3}), bf16({3})},
+                        {Ref("a0"), Ref("a1"), Ref("a2"), Ref("a3"), Ref("a4"), B(true), F(0.1), F(1e-5)}),
+            "(bf16[2, 3, 4, 4] strides [48, 16, 4, 1] cuda, f32[3] strides [1] cuda, f32[3] strides [1] cuda, "
+            "?dtype[3] strides [1] cuda, ?dtype[3] strides [1] cuda)");
+  EXPECT_EQ(InferString("aten._native_batch_norm_legit_functional.default",
+                        {F32({2, 3, 4, 4}), F32({3}), F32({3}), F32({3}), F32({3})},
+                        {Ref("a0"), Ref("a1"), Ref("a2"), Ref("a3"), Ref("a4"), B(true), F(0.1), F(1e-5)}),
+            "(f32[2, 3, 4, 4] strides [48, 16, 4, 1] cuda, f32[3] strides [1] cuda, f32[3] strides [1] cuda, "
+            "f32[3] strides [1] cuda, f32[3] strides [1] cuda)");
   EXPECT_EQ(InferString("aten.native_batch_norm_backward.default",
                         {F32({2, 3, 4, 4}), F32({2, 3, 4, 4}), F32({3}), F32({3}), F32({3})},
                         {Ref("a0"), Ref("a1"), Ref("a2"), None(), None(), Ref("a3"), Ref("a4"), B(true), F(1e-5),
                          L({B(true), B(true), B(true)})}),
             // grad_input's strides are not checked: torch's decomposition and CUDA kernel differ.
             "(f32[2, 3, 4, 4] strides [] cuda, f32[3] strides [1] cuda, f32[3] strides [1] cuda)");
+  // grad_input unasked: torch's decomposition returns it anyway, so it is not checked.
+  EXPECT_EQ(InferString("aten.native_batch_norm_backward.default",
+                        {F32({2, 3, 4, 4}), F32({2, 3, 4, 4}), F32({3}), F32({3}), F32({3})},
+                        {Ref("a0"), Ref("a1"), Ref("a2"), None(), None(), Ref("a3"), Ref("a4"), B(true), F(1e-5),
+                         L({B(false), B(true), B(true)})}),
+            "(?, f32[3] strides [1] cuda, f32[3] strides [1] cuda)");
   EXPECT_EQ(InferString("aten._log_softmax_backward_data.default", {F32({4, 10}), F32({4, 10})},
                         {Ref("a0"), Ref("a1"), I(1), Dt(v1::DTYPE_FLOAT32)}),
             "f32[4, 10] strides [10, 1] cuda");

@@ -138,7 +138,11 @@ InferFn BatchNorm(int training_arg, bool functional) {
     if (functional) {
       for (int i : {3, 4}) {
         KILN_ASSIGN_OR_RETURN(const TensorType* r, ctx.RequireTensor(i));
-        items.push_back(Type::Tensor(NewTensor(r->dtype, r->sizes, *r)));
+        TensorType updated = NewTensor(r->dtype, r->sizes, *r);
+        // Low-precision running statistics: torch's decomposition (the CPU graph) returns the
+        // update in the statistics' f32, CUDA's kernel in the running buffer's own dtype.
+        if (r->dtype != stats.dtype) updated.dtype = ::kiln::v1::DTYPE_UNSPECIFIED;
+        items.push_back(Type::Tensor(std::move(updated)));
       }
     }
     return Type::List(std::move(items));
@@ -156,6 +160,9 @@ absl::StatusOr<Type> InferBatchNormBackward(const InferContext& ctx) {
   // (a training backward whose saved activations kilnd made channels-last, kiln.layouts). kiln's
   // kernels write the strides the graph states.
   if (gi.kind == Type::Kind::kTensor) gi.tensor.strides.clear();
+  // torch's decomposition (the meta function behind fake tensors) returns grad_input whether or
+  // not output_mask asks for it: not checked when unasked (kiln computes it only when asked).
+  if (mask.empty() || !mask[0]) gi = Type{};
   Type gw = Type::None(), gb = Type::None();
   if (input->rank() >= 2) {
     TensorType c = NewTensor(weight ? weight->dtype : input->dtype, {input->sizes[1]}, *input);

@@ -32,6 +32,7 @@ sys.path.insert(0, str(REPO / "client" / "python"))
 
 import kiln  # noqa: E402
 import kiln.backend  # noqa: E402
+import corpus_util  # noqa: E402
 import test_backend_cuda_graphs as cuda_graph_patterns  # noqa: E402
 from kilnd_server import fresh_kiln  # noqa: E402
 
@@ -351,12 +352,21 @@ def test_cuda_graph_mode_with_new_input_buffers_each_call(server):
     ((2, 8, 8, 8), False, True, torch.float32),       # too small to split
     ((32, 64, 56, 56), False, True, torch.bfloat16),
 ], ids=["rn50-stage1", "rn50-stage1-conv", "s16", "c6", "small", "bf16"])
-def test_training_batch_norm_matches_eager(server, shape, conv, channels_last, dtype):
+def test_training_batch_norm_matches_eager(server, shape, conv, channels_last, dtype, monkeypatch):
     """Training batch norms: on GPUs kilnd splits the per-sample partials along H (lower_norm.cc)
     and reduces them as vector columns over the channels; the output, the input's and the
-    parameters' gradients and the running statistics match eager over two steps."""
+    parameters' gradients and the running statistics match eager over two steps.
+    TF32 off: the convolution's input gradient differs by TF32's rounding otherwise (cuDNN picks
+    other algorithms for kiln's channels-last layout). The parameters' gradients are sums over
+    N*H*W = 100K products; those that miss eager's tolerance are judged against an fp64 run of the
+    same steps as the corpus does (corpus_util.compare: at most 2x eager's error). On the H200
+    (session 26) eager and kiln differed by 1.5 at 3 of 64 channels in bf16 (eager's own error
+    reaches 4 at values near 800, one bf16 step), and by 1.4% at 12 of the convolution's 4608
+    weight gradients in f32: their sum of grad_input * x cancels (batch norm's grad_input sums to
+    zero per channel, x has mean 3), so the order of the additions shows."""
     import copy
 
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
     torch.manual_seed(0)
     n, c, h, w = shape
     layers = ([torch.nn.Conv2d(8, c, 3, padding=1, bias=False)] if conv else []) + [torch.nn.BatchNorm2d(c)]
@@ -366,6 +376,7 @@ def test_training_batch_norm_matches_eager(server, shape, conv, channels_last, d
         bn.weight.uniform_(0.5, 1.5), bn.bias.uniform_(-0.5, 0.5)
         bn.running_mean.uniform_(-1, 1), bn.running_var.uniform_(0.5, 2)
     model = copy.deepcopy(eager)
+    ref = copy.deepcopy(eager).double()
     compiled = torch.compile(model, backend="kiln", options={"server": server.address})
     tol = (F32, F32_GRAD) if dtype == torch.float32 else (BF16, BF16)
     for step in range(2):
@@ -374,16 +385,17 @@ def test_training_batch_norm_matches_eager(server, shape, conv, channels_last, d
             x0 = x0.to(memory_format=torch.channels_last)
         go = torch.randn(n, c, h, w, device="cuda", dtype=dtype)
         outs = []
-        for fn in (eager, compiled):
-            x = x0.clone().requires_grad_(True)
+        for fn in (eager, compiled, ref):
+            x = x0.to(torch.float64 if fn is ref else dtype).clone().requires_grad_(True)
             y = fn(x)
-            y.backward(go)
+            y.backward(go.to(x.dtype))
             outs.append((y, x.grad))
         torch.testing.assert_close(outs[1][0], outs[0][0], **tol[0])
         torch.testing.assert_close(outs[1][1], outs[0][1], **tol[1])
-        for p, q in zip(eager.parameters(), model.parameters()):
-            torch.testing.assert_close(q.grad, p.grad, **tol[1])
-            p.grad = q.grad = None
+        corpus_util.compare([q.grad for q in model.parameters()], [p.grad for p in eager.parameters()],
+                            f"step {step}: parameter gradients", gold=lambda: [r.grad for r in ref.parameters()])
+        for m in (eager, model, ref):
+            m.zero_grad(set_to_none=True)
         for a, b in zip(eager.buffers(), model.buffers()):
             if a.is_floating_point():
                 torch.testing.assert_close(b, a, **tol[0])

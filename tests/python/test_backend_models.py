@@ -25,6 +25,8 @@ import kiln.backend
 import kiln.executor
 from kiln import proto, testing
 from kiln.rpc import KilnClient
+
+import corpus_util
 from kilnd_server import Kilnd, fresh_kiln, server_requests
 
 # torch's structured-trace logger would flood failure reports with empty records.
@@ -251,6 +253,31 @@ def test_batch_norm_running_statistics_are_updated_by_the_plan(server, monkeypat
     assert s["graph_fallbacks"] == 0 and s["op_fallbacks"] == 0 and s["eager_calls"] == 0
     # forward: the three buffer updates in one run; backward: none.
     assert sorted(merged) == [[], [3]], merged
+
+
+def test_bf16_batch_norm_training_compiles_on_cpu(server):
+    """A bf16 batch norm in training mode on CPU: torch's decomposition returns the running
+    statistics' update in f32 where CUDA's kernel keeps bf16, and kilnd takes the graph's dtype
+    (it refused the forward as malformed before, session 26). The buffers match eager's; the
+    parameters' gradients match eager's or, as in the corpus, an fp64 run's within 2x eager's error
+    (they are sums over 1152 products, rounded to bf16 once)."""
+    torch.manual_seed(0)
+    eager = nn.Sequential(nn.BatchNorm2d(16)).to(torch.bfloat16)
+    model, ref = copy.deepcopy(eager), copy.deepcopy(eager).double()
+    compiled = torch.compile(model, backend="kiln", options={"server": server.address})
+    for step in range(2):
+        x = torch.randn(8, 16, 12, 12, dtype=torch.bfloat16) * 2 + 3
+        go = torch.randn(8, 16, 12, 12, dtype=torch.bfloat16)
+        for fn in (eager, compiled, ref):
+            fn(x.to(torch.float64) if fn is ref else x).backward(go.to(torch.float64) if fn is ref else go)
+        for a, b in zip(eager.buffers(), model.buffers()):
+            torch.testing.assert_close(b, a, rtol=2e-2, atol=2e-2)
+        corpus_util.compare([q.grad for q in model.parameters()], [p.grad for p in eager.parameters()],
+                            f"step {step}", gold=lambda: [r.grad for r in ref.parameters()])
+        for m in (eager, model, ref):
+            m.zero_grad(set_to_none=True)
+    s = kiln.stats()
+    assert s["graph_fallbacks"] == 0 and s["op_fallbacks"] == 0 and s["eager_calls"] == 0, s
 
 
 def test_optimizer_step_captured_by_dynamo(server):
