@@ -507,6 +507,42 @@ TEST(FuseTest, UnsupportedOpsFallBack) {
   EXPECT_EQ(r.plan.steps(1).aten().target(), "aten.cumsum.default");
 }
 
+// max_pool2d_with_indices_backward: one kernel over [N, C, H / 2, 2, W / 2, 2] (a gather over the
+// windows of each input element), whose 4-D view is the result with the graph's strides; the
+// graph's output is that view (its root is allocated as the output). When the stride does not
+// divide H, torch's kernel runs it and the reason says so.
+TEST(FuseTest, MaxPoolBackwardIsAKernelOverAStrideSplit) {
+  auto graph = [](int64_t h) {
+    const int64_t oh = (h + 2 - 3) / 2 + 1;
+    GraphBuilder b;
+    b.Input("go", C32({2, 3, oh, oh}))
+        .Input("x", C32({2, 3, h, h}))
+        .Input("idx", T(v1::DTYPE_INT64, {2, 3, oh, oh}, {}, v1::DEVICE_KIND_CPU))
+        .Call("gi", "aten.max_pool2d_with_indices_backward.default",
+              {Ref("go"), Ref("x"), Ints({3, 3}), Ints({2, 2}), Ints({1, 1}), Ints({1, 1}), B(false), Ref("idx")},
+              C32({2, 3, h, h}))
+        .Output({"gi"});
+    return b.Build();
+  };
+  const Result r = Pipeline(graph(8));
+  EXPECT_EQ(r.aten, 0);
+  ASSERT_EQ(r.kernels.kernels.size(), 1u);
+  bool found = false;
+  for (const LValue& v : r.ops.values) {
+    if (v.op != "max_pool2d_backward") continue;
+    found = true;
+    EXPECT_EQ(v.sizes, std::vector<int64_t>({2, 3, 4, 2, 4, 2}));
+    EXPECT_EQ(v.strides, std::vector<int64_t>({192, 64, 16, 8, 2, 1}));
+  }
+  EXPECT_TRUE(found);
+  const Result odd = Pipeline(graph(9));
+  ASSERT_EQ(odd.plan.steps_size(), 1);
+  EXPECT_TRUE(odd.plan.steps(0).aten().fallback());
+  ASSERT_EQ(odd.ops.steps.size(), 1u);
+  EXPECT_TRUE(absl::StrContains(odd.ops.steps[0].reason, "input 9 x 9 is not a multiple of the stride 2 x 2"))
+      << odd.ops.steps[0].reason;
+}
+
 // A view op run by torch (reshape is not lowered) may return an alias of its input: the input
 // gets its own allocation instead of workspace bytes that a later kernel could reuse.
 TEST(FuseTest, AliasingStepInputsAreNotWorkspace) {

@@ -164,6 +164,9 @@ absl::Status LowerLayerNormBackward(Lowerer& l, int32_t node);
 absl::Status LowerBatchNorm(Lowerer& l, int32_t node);
 // max_pool2d_with_indices as element functions over its output (lower_pool.cc).
 absl::Status LowerMaxPool2d(Lowerer& l, int32_t node);
+// max_pool2d_with_indices_backward: a gather over each input element's windows, computed over a
+// split of H and W by the stride and viewed back as the graph's 4-D result (lower_pool.cc).
+absl::Status LowerMaxPool2dBackward(Lowerer& l, int32_t node);
 
 }  // namespace kiln::lower::internal
 

@@ -460,6 +460,7 @@ absl::StatusOr<PwDef> Define(Lowerer& l, const Node& n, ScalarType out) {
 absl::Status LowerPointwiseNode(Lowerer& l, int32_t node_index) {
   const Node& n = l.graph().nodes[node_index];
   if (n.type.kind != graph::Type::Kind::kTensor) return absl::UnimplementedError("non-tensor result");
+  if (n.op->schema.name == "max_pool2d_with_indices_backward") return LowerMaxPool2dBackward(l, node_index);
   KILN_ASSIGN_OR_RETURN(LValue v, l.NewValue(node_index, n.type.tensor, ValueKind::kPointwise));
   v.op = n.op->schema.name;
   KILN_ASSIGN_OR_RETURN(const bool indexed, DefineIndexed(l, n, v));

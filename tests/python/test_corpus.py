@@ -283,6 +283,14 @@ case("max_pool2d-dilation-ceil", lambda x: F.max_pool2d(x, 2, 2, 0, dilation=2, 
 case("max_pool2d-nhwc-bf16", lambda x: F.max_pool2d(x, 3, 2, 1),
      lambda g: random_tensor((2, 5, 8, 8), bf16, g).contiguous(memory_format=torch.channels_last))
 case("max_pool2d-ties", lambda x: F.max_pool2d(x, 2, 1, return_indices=True), lambda g: torch.ones(1, 1, 4, 4))
+# max_pool2d_with_indices_backward is lowered as a gather over each input element's windows when
+# the stride divides H and W (lower_pool.cc); else torch's kernel runs it (the -odd block)
+block("max_pool2d-pad-stride", lambda x: F.max_pool2d(x, 3, 2, 1), r(2, 4, 8, 8))
+block("max_pool2d-dilation-ceil", lambda x: F.max_pool2d(x, 2, 2, 0, dilation=2, ceil_mode=True), r(1, 2, 8, 10))
+block("max_pool2d-overlap-ties", lambda x: F.max_pool2d(x, 2, 1), lambda g: torch.ones(1, 1, 4, 4))
+block("max_pool2d-stride3-nhwc", lambda x: F.max_pool2d(x, (3, 2), (3, 2), (1, 1)),
+      lambda g: random_tensor((2, 5, 9, 8), f32, g).contiguous(memory_format=torch.channels_last))
+block("max_pool2d-odd", lambda x: F.max_pool2d(x, 3, 2, 1), r(2, 3, 9, 9))
 # layouts: broadcasting, transposed / sliced / expanded inputs
 case("bcast-row-col", torch.add, r(4, 1), r(1, 5))
 case("bcast-rank", torch.mul, r(3), r(2, 4, 3))
@@ -444,7 +452,16 @@ def capture_aot(fn, inputs):
     def compiler(kind):
         def compile_fn(gm, example_inputs):
             graphs[kind] = (gm, list(example_inputs))
-            return make_boxed_func(gm)
+            inner = make_boxed_func(gm)
+
+            def run(args):  # the graph's first real inputs replace the fake examples
+                if graphs[kind][1] is not None and any(isinstance(a, torch._subclasses.FakeTensor)
+                                                       for a in graphs[kind][1]):
+                    graphs[kind] = (gm, [a.detach().clone() if isinstance(a, torch.Tensor) else a for a in args])
+                return inner(args)
+
+            run._boxed_call = True
+            return run
         return compile_fn
 
     leaves = [t.detach().clone().requires_grad_(t.is_floating_point()) for t in inputs]
@@ -472,10 +489,11 @@ def trace(name):
         fresh = [to_device(s(g1)) for s in specs]
     else:
         # Integer tensors of these graphs are positions (max_pool2d's saved indices, class
-        # targets): 0 or 1, valid in any plane or row of classes, where random values would make
-        # torch's own kernels read out of bounds.
-        fresh = [fresh_like(t, g1) for t in inputs]
-        fresh = [t.abs() % 2 if isinstance(t, torch.Tensor) and t.dtype == torch.int64 else t for t in fresh]
+        # targets): those of the capture's real run, where random values would make torch's own
+        # kernels read out of bounds, and indices outside their window would be scattered by
+        # torch's CPU kernel but ignored by its CUDA kernel (and kiln's, which gather).
+        fresh = [t.clone() if isinstance(t, torch.Tensor) and t.dtype == torch.int64 else fresh_like(t, g1)
+                 for t in inputs]
     return gm, request_for(gm, name, kind), fresh
 
 
