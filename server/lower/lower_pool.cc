@@ -53,6 +53,31 @@ absl::StatusOr<std::vector<int64_t>> Pair(const Node& n, size_t i, std::vector<i
 
 ExprOr I64(int64_t v) { return k::ConstInt(ScalarType::kInt64, v); }
 
+// The pooling window: kernel_size, stride (default: the kernel), padding and dilation, from the
+// node's arguments first..first+3, each per spatial dim.
+struct Window {
+  std::vector<int64_t> kernel, stride, pad, dil;
+};
+
+absl::StatusOr<Window> ParseWindow(const Node& n, size_t first, const char* op) {
+  Window w;
+  KILN_ASSIGN_OR_RETURN(w.kernel, Pair(n, first, {}));
+  if (w.kernel.empty()) return absl::UnimplementedError(absl::StrCat(op, " without a kernel size"));
+  KILN_ASSIGN_OR_RETURN(w.stride, Pair(n, first + 1, w.kernel));
+  KILN_ASSIGN_OR_RETURN(w.pad, Pair(n, first + 2, {0, 0}));
+  KILN_ASSIGN_OR_RETURN(w.dil, Pair(n, first + 3, {1, 1}));
+  for (int d = 0; d < 2; ++d) {
+    if (w.kernel[d] <= 0 || w.stride[d] <= 0 || w.dil[d] <= 0 || w.pad[d] < 0) {
+      return absl::UnimplementedError(absl::StrCat(op, ": bad window"));  // the verifier rejects these first
+    }
+  }
+  if (w.kernel[0] * w.kernel[1] > kMaxWindow) {
+    return absl::UnimplementedError(absl::StrCat(op, " window of ", w.kernel[0] * w.kernel[1],
+                                                 " elements (kiln unrolls at most ", kMaxWindow, ")"));
+  }
+  return w;
+}
+
 }  // namespace
 
 absl::Status LowerMaxPool2d(Lowerer& l, int32_t node_index) {
@@ -65,20 +90,8 @@ absl::Status LowerMaxPool2d(Lowerer& l, int32_t node_index) {
   const std::vector<int64_t> in = l.g().values[x].sizes;
   if (in.size() != 4) return absl::UnimplementedError("max_pool2d of a 3-D input");
   if (!k::IsFloatType(l.g().values[x].dtype)) return absl::UnimplementedError("max_pool2d of an integer input");
-  KILN_ASSIGN_OR_RETURN(const std::vector<int64_t> kernel, Pair(n, 1, {}));
-  if (kernel.empty()) return absl::UnimplementedError("max_pool2d without a kernel size");
-  KILN_ASSIGN_OR_RETURN(const std::vector<int64_t> stride, Pair(n, 2, kernel));
-  KILN_ASSIGN_OR_RETURN(const std::vector<int64_t> pad, Pair(n, 3, {0, 0}));
-  KILN_ASSIGN_OR_RETURN(const std::vector<int64_t> dil, Pair(n, 4, {1, 1}));
-  for (int d = 0; d < 2; ++d) {
-    if (kernel[d] <= 0 || stride[d] <= 0 || dil[d] <= 0 || pad[d] < 0) {
-      return absl::UnimplementedError("max_pool2d: bad window");  // the verifier rejects these first
-    }
-  }
-  if (kernel[0] * kernel[1] > kMaxWindow) {
-    return absl::UnimplementedError(absl::StrCat("max_pool2d window of ", kernel[0] * kernel[1],
-                                                 " elements (kiln unrolls at most ", kMaxWindow, ")"));
-  }
+  KILN_ASSIGN_OR_RETURN(const Window win, ParseWindow(n, 1, "max_pool2d"));
+  const std::vector<int64_t> kernel = win.kernel, stride = win.stride, pad = win.pad, dil = win.dil;
   KILN_ASSIGN_OR_RETURN(LValue out, l.NewValue(node_index, n.type.items[0].tensor, ValueKind::kPointwise));
   KILN_ASSIGN_OR_RETURN(LValue index, l.NewValue(node_index, n.type.items[1].tensor, ValueKind::kPointwise));
   if (out.sizes.size() != 4 || out.sizes[0] != in[0] || out.sizes[1] != in[1] || index.sizes != out.sizes ||
@@ -137,20 +150,8 @@ absl::Status LowerMaxPool2dBackward(Lowerer& l, int32_t node_index) {
   if (l.g().values[indices].sizes != out_sizes || l.g().values[indices].dtype != ScalarType::kInt64) {
     return absl::UnimplementedError("max_pool2d backward: indices of another shape than grad_output, or not int64");
   }
-  KILN_ASSIGN_OR_RETURN(const std::vector<int64_t> kernel, Pair(n, 2, {}));
-  if (kernel.empty()) return absl::UnimplementedError("max_pool2d backward without a kernel size");
-  KILN_ASSIGN_OR_RETURN(const std::vector<int64_t> stride, Pair(n, 3, kernel));
-  KILN_ASSIGN_OR_RETURN(const std::vector<int64_t> pad, Pair(n, 4, {0, 0}));
-  KILN_ASSIGN_OR_RETURN(const std::vector<int64_t> dil, Pair(n, 5, {1, 1}));
-  for (int d = 0; d < 2; ++d) {
-    if (kernel[d] <= 0 || stride[d] <= 0 || dil[d] <= 0 || pad[d] < 0) {
-      return absl::UnimplementedError("max_pool2d backward: bad window");
-    }
-  }
-  if (kernel[0] * kernel[1] > kMaxWindow) {
-    return absl::UnimplementedError(absl::StrCat("max_pool2d backward window of ", kernel[0] * kernel[1],
-                                                 " elements (kiln unrolls at most ", kMaxWindow, ")"));
-  }
+  KILN_ASSIGN_OR_RETURN(const Window win, ParseWindow(n, 2, "max_pool2d backward"));
+  const std::vector<int64_t> kernel = win.kernel, stride = win.stride, pad = win.pad, dil = win.dil;
   KILN_ASSIGN_OR_RETURN(LValue view, l.NewValue(node_index, n.type.tensor, ValueKind::kView));
   if (view.sizes.size() != 4 || view.sizes[0] != out_sizes[0] || view.sizes[1] != out_sizes[1] ||
       view.storage_offset != 0 || view.dtype != l.g().values[go].dtype) {
