@@ -58,8 +58,8 @@ Size Product(const std::vector<Size>& sizes);
 // The constant stride of `var` in `index` (0 when absent), or nullopt when it is not constant.
 absl::optional<int64_t> ConstStride(const Index& index, const Var& var);
 
-// The load nodes of the values of `stmts`, each node once, in post-order (masks first).
-// The loads in `stmts` outside the subtrees of `skip`.
+// The load nodes of the values of `stmts` outside the subtrees of `skip`, each node once, in
+// post-order (masks first).
 std::vector<const ExprNode*> LoadsOf(const std::vector<Stmt>& stmts, const std::set<const ExprNode*>& skip = {});
 
 // Whether `index` is contiguous along `x` with a constant offset and constant strides (what
@@ -236,8 +236,8 @@ class CudaKernelEmitter : public CpuKernelEmitter {
   // and what comes with it: launch_ (but the final max_grid of row layouts, set by EmitRows),
   // group_, smem_bytes_, and the long rows' shape.
   void ChooseRowLayout(const Size& rows, absl::optional<int64_t> total_c);
-  // The unmasked loads along the reduction, by AccessKey.
-  // Loads along the row per AccessKey, with the phases reading them outside the nodes of `skip`.
+  // The unmasked loads along the reduction, by AccessKey, with the phases that read them outside
+  // the subtrees of `skip`.
   std::map<std::string, RowLoad> RowLoads(const std::set<const ExprNode*>& skip = {}) const;
   // Loads along the reduction that recur in a later phase (the row cache's arrays); with
   // `element_bytes`, the bytes of one element of each of them, summed.

@@ -159,10 +159,13 @@ absl::StatusOr<Type> InferBatchNormBackward(const InferContext& ctx) {
   // suggested memory format; they differ once one of the two is channels-last and the other not
   // (a training backward whose saved activations kilnd made channels-last, kiln.layouts). kiln's
   // kernels write the strides the graph states.
-  if (gi.kind == Type::Kind::kTensor) gi.tensor.strides.clear();
-  // torch's decomposition (the meta function behind fake tensors) returns grad_input whether or
-  // not output_mask asks for it: not checked when unasked (kiln computes it only when asked).
-  if (mask.empty() || !mask[0]) gi = Type{};
+  // Unasked by output_mask, it is not checked at all: torch's decomposition (the meta function
+  // behind fake tensors) returns grad_input anyway (kiln computes it only when asked).
+  if (gi.kind == Type::Kind::kTensor) {
+    gi.tensor.strides.clear();
+  } else {
+    gi = Type{};
+  }
   Type gw = Type::None(), gb = Type::None();
   if (input->rank() >= 2) {
     TensorType c = NewTensor(weight ? weight->dtype : input->dtype, {input->sizes[1]}, *input);

@@ -210,7 +210,6 @@ absl::Status LowerMaxPool2dBackward(Lowerer& l, int32_t node_index) {
     return k::Cast(ot, sum);
   };
   const int32_t split_id = l.Add(std::move(split));
-  view.kind = ValueKind::kView;
   view.op = "max_pool2d_backward_view";
   view.base = split_id;
   view.inputs = {split_id};

@@ -454,10 +454,10 @@ def capture_aot(fn, inputs):
             graphs[kind] = (gm, list(example_inputs))
             inner = make_boxed_func(gm)
 
-            def run(args):  # the graph's first real inputs replace the fake examples
-                if graphs[kind][1] is not None and any(isinstance(a, torch._subclasses.FakeTensor)
-                                                       for a in graphs[kind][1]):
-                    graphs[kind] = (gm, [a.detach().clone() if isinstance(a, torch.Tensor) else a for a in args])
+            def run(args):  # the first call's integer tensors replace the fake ones (see trace)
+                examples = graphs[kind][1]
+                graphs[kind] = (gm, [a.detach().clone() if isinstance(e, torch._subclasses.FakeTensor)
+                                     and e.dtype == torch.int64 else e for e, a in zip(examples, args)])
                 return inner(args)
 
             run._boxed_call = True
