@@ -11,10 +11,10 @@
 //     for the non-commutative Welford merge);
 //   * block_allreduce: the row's threads are the whole block (warp all-reduce, then each thread
 //     folds the per-warp results from shared memory in warp order);
-//   * column_allreduce: thread t of a block serves point t % rx with lane t / rx (column
-//     reductions: coalesced across points); partials meet in shared memory;
+//   * column_allreduce<kRx, kLanes>: thread t of a block serves point t % kRx with lane t / kRx
+//     (column reductions: coalesced across points); partials meet in shared memory;
 //     column_allreduce_vec: the same for V accumulators per thread (vector columns: thread t
-//     serves points V * (t % rx) + j), one tree for all of them.
+//     serves points V * (t % kRx) + j), one tree for all of them.
 // dynamic_smem(): the block's dynamic shared memory (extern __shared__), for row caches.
 // Merges: sum/prod/max/min through SumOp/ProdOp/MaxOp/MinOp (NaN-propagating), argmax/argmin with
 // torch's rule (NaN is the extreme, the smallest index wins ties), Welford by Chan et al.,
@@ -81,8 +81,11 @@ template <typename T> struct Welford {
     if (count == 0) { *this = b; return; }
     const T total = count + b.count;
     const T delta = b.mean - mean;
-    mean += delta * (b.count / total);
-    m2 += b.m2 + delta * delta * (count * b.count / total);
+    // b's weight with an approximate division (2 ulp, as Triton's welford_combine): an IEEE
+    // division is tens of instructions, and a column kernel merges V accumulators per level.
+    const T w = div_approx(b.count, total);
+    mean += delta * w;
+    m2 += b.m2 + delta * delta * (count * w);
     count = total;
   }
 };
@@ -157,67 +160,74 @@ template <int kWarps = 0, typename S, typename Op> KILN_DEV S block_allreduce(S 
   return r;
 }
 
-// Every thread of the block must call it; `smem` holds blockDim.x states. Thread t serves point
-// t % rx as lane t / rx of blockDim.x / rx.
-// A power-of-two number of lanes folds as a tree (lane l takes lane l + half, half = lanes / 2,
-// lanes / 4, ... 1), else in lane order by every thread. Either way every thread of a point gets
-// the same result.
-template <typename S, typename Op> KILN_DEV S column_allreduce(S s, Op op, void* smem, int rx) {
+// Every thread of the block must call it; `smem` holds kRx * kLanes states. The block is kRx *
+// kLanes threads (the emitter's launch): thread t serves point t % kRx as lane t / kRx.
+// A power-of-two number of lanes folds as a tree (lane l takes lane l + half, half = kLanes / 2,
+// kLanes / 4, ... 1), else in lane order by every thread. Either way every thread of a point gets
+// the same result. Both counts are template arguments so that only one of the two ways is
+// compiled and the divisions are by constants: small column kernels run for microseconds, and
+// their code's first fetch from memory is a large part of that.
+template <int kRx, int kLanes, typename S, typename Op> KILN_DEV S column_allreduce(S s, Op op, void* smem) {
   S* slots = static_cast<S*>(smem);
-  slots[threadIdx.x] = s;
+  const int t = static_cast<int>(threadIdx.x);
+  slots[t] = s;
   __syncthreads();
-  const int point = threadIdx.x % rx;
-  const int lanes = blockDim.x / rx;
-  if ((lanes & (lanes - 1)) == 0) {
-    const int lane = threadIdx.x / rx;
-    for (int half = lanes / 2; half > 0; half /= 2) {
-      if (lane < half) slots[threadIdx.x] = op(slots[threadIdx.x], slots[threadIdx.x + half * rx]);
+  const int point = t % kRx;
+  if constexpr ((kLanes & (kLanes - 1)) == 0) {
+    const int lane = t / kRx;
+#pragma unroll 1
+    for (int half = kLanes / 2; half > 0; half /= 2) {
+      if (lane < half) slots[t] = op(slots[t], slots[t + half * kRx]);
       __syncthreads();
     }
     const S r = slots[point];
     __syncthreads();
     return r;
+  } else {
+    S r = slots[point];
+#pragma unroll 1
+    for (int l = 1; l < kLanes; ++l) r = op(r, slots[l * kRx + point]);
+    __syncthreads();
+    return r;
   }
-  S r = slots[point];
-  for (int l = 1; l < lanes; ++l) r = op(r, slots[l * rx + point]);
-  __syncthreads();
-  return r;
 }
 
-// column_allreduce over the V accumulators `s` of each thread (points V * (t % rx) + j), in place:
-// `smem` holds V * blockDim.x states, lane-major (slot j * blockDim.x + t: consecutive threads,
+// column_allreduce over the V accumulators `s` of each thread (points V * (t % kRx) + j), in
+// place: `smem` holds V * kRx * kLanes states, lane-major (slot j * n + t: consecutive threads,
 // consecutive slots). The same folds in the same order as V column_allreduce calls, with the
-// barriers of one.
-template <int V, typename S, typename Op> KILN_DEV void column_allreduce_vec(S (&s)[V], Op op, void* smem, int rx) {
+// barriers of one; the folds of a level are not unrolled (code size, as above).
+template <int kRx, int kLanes, int V, typename S, typename Op>
+KILN_DEV void column_allreduce_vec(S (&s)[V], Op op, void* smem) {
   S* slots = static_cast<S*>(smem);
-  const int n = static_cast<int>(blockDim.x);
+  constexpr int n = kRx * kLanes;
   const int t = static_cast<int>(threadIdx.x);
 #pragma unroll
   for (int j = 0; j < V; ++j) slots[j * n + t] = s[j];
   __syncthreads();
-  const int point = t % rx;
-  const int lanes = n / rx;
-  if ((lanes & (lanes - 1)) == 0) {
-    const int lane = t / rx;
-    for (int half = lanes / 2; half > 0; half /= 2) {
+  const int point = t % kRx;
+  if constexpr ((kLanes & (kLanes - 1)) == 0) {
+    const int lane = t / kRx;
+#pragma unroll 1
+    for (int half = kLanes / 2; half > 0; half /= 2) {
       if (lane < half) {
 #pragma unroll
-        for (int j = 0; j < V; ++j) slots[j * n + t] = op(slots[j * n + t], slots[j * n + t + half * rx]);
+        for (int j = 0; j < V; ++j) slots[j * n + t] = op(slots[j * n + t], slots[j * n + t + half * kRx]);
       }
       __syncthreads();
     }
 #pragma unroll
     for (int j = 0; j < V; ++j) s[j] = slots[j * n + point];
     __syncthreads();
-    return;
-  }
+  } else {
 #pragma unroll
-  for (int j = 0; j < V; ++j) {
-    S r = slots[j * n + point];
-    for (int l = 1; l < lanes; ++l) r = op(r, slots[j * n + l * rx + point]);
-    s[j] = r;
+    for (int j = 0; j < V; ++j) {
+      S r = slots[j * n + point];
+#pragma unroll 1
+      for (int l = 1; l < kLanes; ++l) r = op(r, slots[j * n + l * kRx + point]);
+      s[j] = r;
+    }
+    __syncthreads();
   }
-  __syncthreads();
 }
 
 // The block's dynamic shared memory (the launch's shared_bytes; kSharedRow's row cache), 16-aligned.

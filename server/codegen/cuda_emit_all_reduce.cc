@@ -134,8 +134,8 @@ void CudaKernelEmitter::EmitAllReduces(const std::vector<Stmt>& stmts, int64_t c
                  launch_.cluster, ">(", value, ", ", op, ", kiln_smem, kiln_pub, &kiln_parity);");
         break;
       default:
-        w_.Linef(value, " = kiln_cuda::column_allreduce(", value, ", ", op, ", kiln_smem, ",
-                 column_points_, ");");
+        w_.Linef(value, " = kiln_cuda::column_allreduce<", column_points_, ", ", group_, ">(", value,
+                 ", ", op, ", kiln_smem);");
         break;
     }
   };
@@ -145,8 +145,8 @@ void CudaKernelEmitter::EmitAllReduces(const std::vector<Stmt>& stmts, int64_t c
     const std::string acc = absl::StrCat("acc", s.acc.id);
     auto two = two_pass_.find(s.acc.id);
     if (launch_.layout == CudaLayout::kColumn && width_ > 1) {  // vector columns: every lane's at once
-      w_.Linef("kiln_cuda::column_allreduce_vec(kiln_acc", s.acc.id, ", ", ReduceOp(s.acc.kind),
-               ", kiln_smem, ", column_points_, ");");
+      w_.Linef("kiln_cuda::column_allreduce_vec<", column_points_, ", ", group_, ">(kiln_acc", s.acc.id,
+               ", ", ReduceOp(s.acc.kind), ", kiln_smem);");
       continue;
     }
     if (two == two_pass_.end()) {

@@ -246,12 +246,13 @@ extern "C" __global__ void __launch_bounds__(256) kiln_kernel_0(const float* __r
 }
 
 // The canonical column reduction: each thread sums 4 columns with 16-byte loads (misaligned
-// pointers: the same columns, scalar loads), and the accumulators meet in shared memory.
+// pointers: the same columns, scalar loads; only the loop is emitted twice), and the
+// accumulators meet in shared memory.
 TEST(CudaEmitterGolden, ColumnSumMovesVectorsAndMeetsInSharedMemory) {
   EXPECT_EQ(EmitOne(kt::ColumnSum(4096, 512), /*vectorize=*/true), R"cu(// kiln_kernel_0: column, 1 outer dims, 1 reduction dims, 1 phases, vector width 4, 0 cached values per thread
-extern "C" __global__ void __launch_bounds__(512) kiln_kernel_0(const float* __restrict__ b0, float* __restrict__ b1) {
+extern "C" __global__ void __launch_bounds__(1024) kiln_kernel_0(const float* __restrict__ b0, float* __restrict__ b1) {
   using idx_t = int32_t;
-  alignas(16) __shared__ unsigned char kiln_smem[8192];
+  alignas(16) __shared__ unsigned char kiln_smem[16384];
   const bool kiln_vec = kiln_cuda::aligned(b0, 16);
   const int kiln_lane = threadIdx.x / 2;
   for (idx_t kiln_p = static_cast<idx_t>(blockIdx.x) * 8; kiln_p < 512; kiln_p += static_cast<idx_t>(gridDim.x) * 8) {
@@ -259,12 +260,12 @@ extern "C" __global__ void __launch_bounds__(512) kiln_kernel_0(const float* __r
     const bool kiln_active = kiln_u < 512;
     const idx_t o0 = kiln_u;
     const idx_t kiln_ob = o0;
+    float kiln_acc0[4] = {0, 0, 0, 0};
+    // phase 0
     if (kiln_vec) {
-      float kiln_acc0[4] = {0, 0, 0, 0};
-      // phase 0
       if (kiln_active) {
 #pragma unroll 8
-        for (idx_t kiln_r = kiln_lane; kiln_r < 4096; kiln_r += 256) {
+        for (idx_t kiln_r = kiln_lane; kiln_r < 4096; kiln_r += 512) {
           const idx_t r0 = kiln_r;
           {
             const idx_t o0 = kiln_ob;
@@ -296,36 +297,11 @@ extern "C" __global__ void __launch_bounds__(512) kiln_kernel_0(const float* __r
           }
         }
       }
-      kiln_cuda::column_allreduce_vec(kiln_acc0, kiln_cuda::SumOp(), kiln_smem, 2);
-      if (kiln_active && kiln_lane == 0) {
-        {
-          const idx_t o0 = kiln_ob + 0;
-          float& acc0 = kiln_acc0[0];
-          b1[o0] = acc0;
-        }
-        {
-          const idx_t o0 = kiln_ob + 1;
-          float& acc0 = kiln_acc0[1];
-          b1[o0] = acc0;
-        }
-        {
-          const idx_t o0 = kiln_ob + 2;
-          float& acc0 = kiln_acc0[2];
-          b1[o0] = acc0;
-        }
-        {
-          const idx_t o0 = kiln_ob + 3;
-          float& acc0 = kiln_acc0[3];
-          b1[o0] = acc0;
-        }
-      }
     }
     else {
-      float kiln_acc0[4] = {0, 0, 0, 0};
-      // phase 0
       if (kiln_active) {
 #pragma unroll 8
-        for (idx_t kiln_r = kiln_lane; kiln_r < 4096; kiln_r += 256) {
+        for (idx_t kiln_r = kiln_lane; kiln_r < 4096; kiln_r += 512) {
           const idx_t r0 = kiln_r;
           {
             const idx_t o0 = kiln_ob;
@@ -356,28 +332,28 @@ extern "C" __global__ void __launch_bounds__(512) kiln_kernel_0(const float* __r
           }
         }
       }
-      kiln_cuda::column_allreduce_vec(kiln_acc0, kiln_cuda::SumOp(), kiln_smem, 2);
-      if (kiln_active && kiln_lane == 0) {
-        {
-          const idx_t o0 = kiln_ob + 0;
-          float& acc0 = kiln_acc0[0];
-          b1[o0] = acc0;
-        }
-        {
-          const idx_t o0 = kiln_ob + 1;
-          float& acc0 = kiln_acc0[1];
-          b1[o0] = acc0;
-        }
-        {
-          const idx_t o0 = kiln_ob + 2;
-          float& acc0 = kiln_acc0[2];
-          b1[o0] = acc0;
-        }
-        {
-          const idx_t o0 = kiln_ob + 3;
-          float& acc0 = kiln_acc0[3];
-          b1[o0] = acc0;
-        }
+    }
+    kiln_cuda::column_allreduce_vec<2, 512>(kiln_acc0, kiln_cuda::SumOp(), kiln_smem);
+    if (kiln_active && kiln_lane == 0) {
+      {
+        const idx_t o0 = kiln_ob + 0;
+        float& acc0 = kiln_acc0[0];
+        b1[o0] = acc0;
+      }
+      {
+        const idx_t o0 = kiln_ob + 1;
+        float& acc0 = kiln_acc0[1];
+        b1[o0] = acc0;
+      }
+      {
+        const idx_t o0 = kiln_ob + 2;
+        float& acc0 = kiln_acc0[2];
+        b1[o0] = acc0;
+      }
+      {
+        const idx_t o0 = kiln_ob + 3;
+        float& acc0 = kiln_acc0[3];
+        b1[o0] = acc0;
       }
     }
   }
@@ -398,7 +374,7 @@ TEST(CudaEmitter, ColumnReductionsNarrowTheirBlocksWhenPointsAreFew) {
     EXPECT_EQ(launch.block, block) << cols;
     EXPECT_EQ(launch.work_per_block, points) << cols;
     EXPECT_EQ(Count(src, absl::StrCat("kiln_u = kiln_p + threadIdx.x % ", points, ";")), 1) << src;
-    EXPECT_EQ(Count(src, absl::StrCat("kiln_smem, ", points, ");")), 1) << src;
+    EXPECT_EQ(Count(src, absl::StrCat("column_allreduce<", points, ", ", block / points, ">(")), 1) << src;
   }
 }
 
@@ -406,9 +382,10 @@ TEST(CudaEmitter, ColumnReductionsNarrowTheirBlocksWhenPointsAreFew) {
 // else 2; odd counts stay scalar), a row of a block's points is 128 bytes (f32: 8 threads of 4
 // points), narrowed to 32 bytes when points are few; the V accumulators of every thread fold in
 // one tree (column_allreduce_vec), and misaligned pointers take the same points with scalar loads.
+// The loop over a thread's rows is unrolled up to 8 times, never more than it has rows.
 TEST(CudaEmitter, ColumnReductionsMoveVectorsAlongTheirPoints) {
   for (const auto& [cols, width, threads, block] : std::vector<std::tuple<int64_t, int, int, int>>{
-           {8192, 4, 8, 1024}, {512, 4, 2, 512}, {70, 2, 4, 1024}, {63, 1, 8, 1024}}) {
+           {8192, 4, 8, 1024}, {512, 4, 2, 1024}, {70, 2, 4, 1024}, {63, 1, 8, 1024}}) {
     CudaLaunch launch;
     const std::string src = EmitOne(kt::ColumnSum(4096, cols), /*vectorize=*/true, &launch);
     EXPECT_EQ(launch.layout, CudaLayout::kColumn) << cols;
@@ -420,16 +397,26 @@ TEST(CudaEmitter, ColumnReductionsMoveVectorsAlongTheirPoints) {
       continue;
     }
     EXPECT_EQ(Count(src, absl::StrCat("kiln_u = kiln_p + threadIdx.x % ", threads, " * ", width, ";")), 1) << src;
-    EXPECT_EQ(Count(src, absl::StrCat("kiln_cuda::load_vec<", width, ">(b0")), 1) << src;
-    EXPECT_EQ(Count(src, "= b0["), width) << src;  // the misaligned path's scalar lanes
-    EXPECT_EQ(Count(src, absl::StrCat("column_allreduce_vec(kiln_acc0, kiln_cuda::SumOp(), kiln_smem, ", threads, ");")),
-              2) << src;
+    // Misaligned pointers: the same points in a second loop, scalar loads; one all-reduce.
+    EXPECT_EQ(Count(src, absl::StrCat("kiln_cuda::load_vec<", width, ">(b0 + (o0 + r0 * ", cols, "))")), 1)
+        << src;
+    EXPECT_EQ(Count(src, "= b0["), width) << src;
+    EXPECT_EQ(Count(src, absl::StrCat("column_allreduce_vec<", threads, ", ", block / threads,
+                                      ">(kiln_acc0, kiln_cuda::SumOp(), kiln_smem);")),
+              1) << src;
   }
   // Short columns: at least 16 rows per thread, but whole warps (2 threads across x 16 rows).
   CudaLaunch launch;
-  EmitOne(kt::ColumnSum(64, 64), /*vectorize=*/true, &launch);
+  const std::string short_src = EmitOne(kt::ColumnSum(64, 64), /*vectorize=*/true, &launch);
   EXPECT_EQ(launch.vector_width, 4);
   EXPECT_EQ(launch.block, 32);
+  EXPECT_EQ(Count(short_src, "#pragma unroll 4\n"), 2) << "4 rows per thread, both loops: " << short_src;
+  // Few rows over many points (a batch norm's first pass: 8192 (n, c) points of 196 rows): at
+  // least 16 rows per thread would leave 64-thread blocks and most of the GPU idle; 4 suffice.
+  EmitOne(kt::ColumnSum(196, 8192), /*vectorize=*/true, &launch);
+  EXPECT_EQ(launch.vector_width, 4);
+  EXPECT_EQ(launch.work_per_block, 32);
+  EXPECT_EQ(launch.block, 256);
 }
 
 // Layer norm's weight gradient sums over (batch, rows) per column: a column reduction, though its

@@ -232,6 +232,10 @@ class CudaKernelEmitter : public CpuKernelEmitter {
   // the lane's element of each accumulator array (kiln_acc<id>[lane]) named as the scalar
   // accumulator, so that statements emit as in the scalar layout.
   void DeclareColumnLane(const std::string& value, int lane);
+  // kColumn: a phase's loop over the thread's rows (kiln_r), under kiln_active; vector lanes when
+  // plan.width > 1 (its accesses as vectors, the rest scalar per lane).
+  void EmitColumnLoop(const std::vector<Stmt>& stmts, const VecPlan& plan, const std::string& total_code,
+                      absl::optional<int64_t> total_c);
   // The layout of a row kernel of `rows` outer points (total_c: its static reduction length),
   // and what comes with it: launch_ (but the final max_grid of row layouts, set by EmitRows),
   // group_, smem_bytes_, and the long rows' shape.

@@ -83,6 +83,116 @@ def write_sources(server, out_dir):
     print(f"kiln sources: {out_dir}")
 
 
+_DTYPE_BYTES = {"FLOAT32": 4, "FLOAT64": 8, "FLOAT16": 2, "BFLOAT16": 2, "INT8": 1, "INT16": 2, "INT32": 4,
+                "INT64": 8, "UINT8": 1, "BOOL": 1, "UINT16": 2, "UINT32": 4, "UINT64": 8,
+                "FLOAT8_E4M3FN": 1, "FLOAT8_E5M2": 1, "COMPLEX64": 8, "COMPLEX128": 16}
+
+
+def _extent_bytes(meta):
+    """Bytes spanned by a plan value (1 + sum((size - 1) * |stride|) elements); None when a size
+    or stride is symbolic."""
+    try:
+        sizes = [int(d["constant"]) for d in meta["sizes"]]
+        strides = [int(d["constant"]) for d in meta["strides"]]
+    except KeyError:
+        return None
+    if any(n == 0 for n in sizes):
+        return 0
+    elems = 1 + sum((n - 1) * abs(st) for n, st in zip(sizes, strides))
+    return elems * _DTYPE_BYTES.get(meta["dtype"].removeprefix("DTYPE_"), 4)
+
+
+def kiln_kernel_bytes(server):
+    """{generated kernel symbol: bytes one run of its plans moves through it}: for each kernel step
+    of every cache entry's plan, the extents of its argument values (inputs, outputs and
+    workspace scratch, each counted once per launch). Each graph is assumed to run once a step."""
+    import json
+    import subprocess
+
+    kilnctl = os.path.join(os.path.dirname(server.binary), "kilnctl")
+    listing = subprocess.run([kilnctl, f"--server={server.address}", "--json", "ls"], capture_output=True,
+                             text=True, timeout=60)
+    out = {}
+    for entry in json.loads(listing.stdout).get("entries", []) if listing.returncode == 0 else []:
+        shown = subprocess.run([kilnctl, f"--server={server.address}", "--json", "show", entry["key"], "--plan"],
+                               capture_output=True, text=True, timeout=120)
+        if shown.returncode != 0:
+            continue
+        plan = json.loads(shown.stdout).get("plan", {})
+        values = plan.get("values", [])
+        for step in plan.get("steps", []):
+            k = step.get("kernel")
+            if not k:
+                continue
+            spans = [_extent_bytes(values[a]["meta"]) for a in k.get("args", []) if a >= 0]
+            if any(b is None for b in spans):
+                continue
+            out[k["symbol"]] = out.get(k["symbol"], 0) + sum(spans)
+    return out
+
+
+def inductor_kernel_bytes(cache_dir):
+    """{Triton kernel name: bytes per launch}, Inductor's own estimate (`kernel_num_gb`, written into
+    each kernel's inductor_meta when torch._inductor.config.benchmark_kernel is set), read from the
+    generated modules under `cache_dir`. A name defined twice with different sizes keeps the larger."""
+    import re
+
+    out = {}
+    name_pat = re.compile(r"'kernel_name':\s*'(\w+)'")
+    gb_pat = re.compile(r"'kernel_num_gb':\s*([0-9.eE+-]+)")
+    for root, _, files in os.walk(cache_dir):
+        for f in files:
+            if not f.endswith(".py"):
+                continue
+            try:
+                text = open(os.path.join(root, f), errors="replace").read()
+            except OSError:
+                continue
+            names = list(name_pat.finditer(text))
+            for i, m in enumerate(names):  # its estimate: before the next kernel's name
+                end = names[i + 1].start() if i + 1 < len(names) else len(text)
+                gb = gb_pat.search(text, m.end(), end)
+                if gb:
+                    out[m.group(1)] = max(out.get(m.group(1), 0), float(gb.group(1)) * 1e9)
+    return out
+
+
+def bytes_report(backend, kernels, steps, per_step_bytes, copy_tbps, top):
+    """Generated kernels against their bytes: the total, and the kernels that lose the most time
+    against a copy of their bytes at `copy_tbps`."""
+    rows = []
+    for name, (calls, us) in kernels.items():
+        b = per_step_bytes(name, calls / steps)
+        if b is not None:
+            us_step = us / steps
+            at_copy = b / (copy_tbps * 1e12) * 1e6
+            rows.append((us_step - at_copy, us_step, b, calls / steps, name))
+    if not rows:
+        print(f"\n## {backend}: no generated kernel with known bytes")
+        return
+    us = sum(r[1] for r in rows)
+    b = sum(r[2] for r in rows)
+    print(f"\n## {backend}: generated kernels against their bytes (copy {copy_tbps:.2f} TB/s)")
+    print(f"{len(rows)} kernels, {sum(r[3] for r in rows):.0f} launches, {us:.0f} us and {b / 1e9:.2f} GB per "
+          f"step: {b / (us * 1e-6) / 1e12:.2f} TB/s, {100 * b / (us * 1e-6) / 1e12 / copy_tbps:.0f}% of copy; "
+          f"{b / (copy_tbps * 1e12) * 1e6:.0f} us at copy")
+    sizes = [(0, 8e6), (8e6, 32e6), (32e6, 128e6), (128e6, float("inf"))]
+    size_rows = []
+    for lo, hi in sizes:
+        sel = [r for r in rows if lo <= r[2] / max(r[3], 1) < hi]
+        if sel:
+            s_us, s_b = sum(r[1] for r in sel), sum(r[2] for r in sel)
+            size_rows.append([f"{lo / 1e6:.0f}-{hi / 1e6:.0f} MB", f"{sum(r[3] for r in sel):.0f}", f"{s_us:.0f}",
+                              f"{s_b / 1e9:.2f}", f"{100 * s_b / (s_us * 1e-6) / 1e12 / copy_tbps:.0f}",
+                              f"{sum(r[0] for r in sel):.0f}"])
+    gm.table(["bytes per launch", "launches", "us/step", "GB/step", "% of copy", "us over copy"], size_rows)
+    print()
+    gm.table(["us over copy", "us/step", "MB/step", "calls", "% of copy", "kernel"],
+             [[f"{r[0]:.1f}", f"{r[1]:.1f}", f"{r[2] / 1e6:.1f}", f"{r[3]:.0f}",
+               f"{100 * r[2] / (r[1] * 1e-6) / 1e12 / copy_tbps:.0f}", short(r[4])]
+              for r in sorted(rows, reverse=True)[:top]])
+
+
 def short(name, width=90):
     return name if len(name) <= width else name[:width - 3] + "..."
 
@@ -109,12 +219,24 @@ def main():
     ap.add_argument("--sources-out", default=None, metavar="DIR",
                     help="write each kiln cache entry (plan and generated source, `kilnctl show --source`) "
                          "to DIR/<key>.txt; needs kilnctl beside kilnd")
+    ap.add_argument("--bytes", action="store_true",
+                    help="also set each generated kernel's time against its bytes (kiln: its plan's argument "
+                         "extents, through kilnctl; Inductor: its kernel_num_gb estimate, with "
+                         "torch._inductor.config.benchmark_kernel set and $TORCHINDUCTOR_CACHE_DIR, else a "
+                         "fresh Inductor cache dir) and list the kernels that lose the most time against a "
+                         "copy of the same bytes")
     args = ap.parse_args()
+    if args.bytes:
+        inductor_cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or tempfile.mkdtemp(prefix="kiln-profile-inductor-")
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = inductor_cache
 
     import torch
 
     import bench_gpu
 
+    if args.bytes:
+        torch._inductor.config.benchmark_kernel = True
+        copy_tbps = bench_gpu.measure_copy("cuda", 30, 1)[0]
     kiln, where = gm.import_kiln()
     gm.EXTRA_KILN_OPTIONS.update(gm.parse_kiln_options(args.kiln_option))
     if args.graphs:
@@ -126,6 +248,7 @@ def main():
           f"torch {torch.__version__}; kiln client {where}")
     server = None
     results = {}
+    reports = []
     with tempfile.TemporaryDirectory(prefix="kiln-profile-") as tmp:
         try:
             for b in args.backends.split(","):
@@ -143,6 +266,12 @@ def main():
                 enqueue_ms = host_ms(run, args.iters)
                 kernels, busy_us = gm.kernel_table(run, args.steps)
                 results[b] = (step_ms, enqueue_ms, busy_us, kernels)
+                if args.bytes and b == "kiln":
+                    plan_bytes = kiln_kernel_bytes(server)
+                    reports.append((b, kernels, lambda name, calls: plan_bytes.get(name)))
+                elif args.bytes and b == "inductor":
+                    gb = inductor_kernel_bytes(inductor_cache)
+                    reports.append((b, kernels, lambda name, calls, gb=gb: gb[name] * calls if name in gb else None))
                 if args.cprofile:
                     host_profile(b, run, args.cprofile, args.top)
                 if b == "kiln":
@@ -163,6 +292,8 @@ def main():
         gm.table(["us/step", "calls", "% busy", "kernel"],
                  [[f"{v[1] / args.steps:.1f}", f"{v[0] / args.steps:.0f}",
                    f"{100 * v[1] / args.steps / max(busy_us, 1e-9):.1f}", short(k)] for k, v in rows])
+    for b, kernels, per_step_bytes in reports:
+        bytes_report(b, kernels, args.steps, per_step_bytes, copy_tbps, args.top)
     return 0
 
 
