@@ -4,13 +4,17 @@
 Compiles every source of a cache entry (`kilnctl show KEY --source`: graph_N.cu sections) with
 NVRTC as kilnd's worker does (--std=c++17 -default-device, cubin for --arch) plus ptxas -v, and
 prints one row per kernel: its layout and vector width (from the emitter's comment above it), its
-block size (__launch_bounds__), the registers ptxas gave each thread and the bytes it spilled to
-local memory. A spill in a memory-bound kernel costs bandwidth: use it after changing the emitter
-to see that no kernel of a real graph spills (kiln.precompile or a training run fills the cache).
+block size (__launch_bounds__), the registers ptxas gave each thread, the bytes it spilled to
+local memory and the size of its machine code (the cubin's .text section). A spill in a
+memory-bound kernel costs bandwidth: use it after changing the emitter to see that no kernel of a
+real graph spills (kiln.precompile or a training run fills the cache). Code size matters for
+kernels that run a few microseconds: on the H200 their time followed it (docs/benchmarks.md,
+session 27: 7.3 us at 103 KB, 4.2 us at 13 KB for the same batch norm merge).
 
 Examples:
   kilnctl --server=ADDR show KEY --source > dump.txt; scripts/cuda_registers.py dump.txt
   scripts/cuda_registers.py --server=127.0.0.1:7878 KEY --layout column --spills-only
+  scripts/cuda_registers.py dump.txt --sort code        (the largest kernels first)
 Exit status: 0; 1 when --fail-on-spill and a listed kernel spills; 2 when a source does not compile.
 """
 
@@ -19,6 +23,7 @@ import ctypes
 import glob
 import os
 import re
+import struct
 import subprocess
 import sys
 
@@ -47,19 +52,43 @@ def load_nvrtc(path):
 
 
 def compile_log(lib, name, source, arch):
-    """NVRTC's log of compiling `source` for `arch` with ptxas -v, and its result code."""
+    """NVRTC's result code, its log of compiling `source` for `arch` with ptxas -v, and the cubin
+    (b"" when the compile failed)."""
     prog = ctypes.c_void_p()
     rc = lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), name.encode(), 0, None, None)
     if rc != 0:
-        return rc, f"nvrtcCreateProgram failed ({rc})"
+        return rc, f"nvrtcCreateProgram failed ({rc})", b""
     opts = [f"--gpu-architecture={arch}".encode(), b"--std=c++17", b"-default-device", b"--ptxas-options=-v"]
     rc = lib.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts))
     size = ctypes.c_size_t()
     lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
     log = ctypes.create_string_buffer(size.value)
     lib.nvrtcGetProgramLog(prog, log)
+    cubin = b""
+    if rc == 0 and lib.nvrtcGetCUBINSize(prog, ctypes.byref(size)) == 0:
+        buf = ctypes.create_string_buffer(size.value)
+        if lib.nvrtcGetCUBIN(prog, buf) == 0:
+            cubin = buf.raw
     lib.nvrtcDestroyProgram(ctypes.byref(prog))
-    return rc, log.value.decode(errors="replace")
+    return rc, log.value.decode(errors="replace"), cubin
+
+
+def code_bytes(cubin):
+    """{kernel: bytes of its machine code}: the sizes of the cubin's `.text.<kernel>` sections (a
+    64-bit little-endian ELF)."""
+    if len(cubin) < 64 or cubin[:4] != b"\x7fELF":
+        return {}
+    shoff, = struct.unpack_from("<Q", cubin, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", cubin, 0x3A)
+    headers = [struct.unpack_from("<IIQQQQIIQQ", cubin, shoff + i * shentsize) for i in range(shnum)]
+    names = headers[shstrndx][4]  # sh_offset of the section-name table
+    out = {}
+    for h in headers:
+        start = names + h[0]
+        section = cubin[start:cubin.index(b"\0", start)].decode(errors="replace")
+        if section.startswith(".text."):
+            out[section[len(".text."):]] = h[5]  # sh_size
+    return out
 
 
 def sources(dump):
@@ -69,8 +98,9 @@ def sources(dump):
         yield name, re.split(r"^--- ", body, maxsplit=1, flags=re.M)[0]
 
 
-def kernels(name, source, log):
-    """One dict per kernel of a compiled source: name, layout, vector width, block, registers, spills."""
+def kernels(name, source, log, code=None):
+    """One dict per kernel of a compiled source: name, layout, vector width, block, registers, spills,
+    and its code's size in bytes (from `code`, code_bytes of the cubin; 0 when unknown)."""
     facts = {}
     for m in re.finditer(r"^// (kiln_\w+): (\w+), .*?vector width (\d+)", source, flags=re.M):
         facts[m.group(1)] = {"layout": m.group(2), "width": int(m.group(3))}
@@ -90,7 +120,7 @@ def kernels(name, source, log):
             f = facts.get(current, {})
             yield {"kernel": current, "source": name, "layout": f.get("layout", "?"), "width": f.get("width", 0),
                    "block": f.get("block", 0), "registers": int(m.group(1)), "spill_stores": spill[0],
-                   "spill_loads": spill[1]}
+                   "spill_loads": spill[1], "code": (code or {}).get(current, 0)}
             current = None
 
 
@@ -105,6 +135,8 @@ def main():
     ap.add_argument("--layout", default=None, help="only kernels of this layout (column, pointwise, warp_per_row, ...)")
     ap.add_argument("--spills-only", action="store_true", help="only kernels that spill")
     ap.add_argument("--fail-on-spill", action="store_true", help="exit 1 when a listed kernel spills")
+    ap.add_argument("--sort", choices=["source", "code"], default="source",
+                    help="row order: by source and kernel (default), or largest code first")
     args = ap.parse_args()
 
     if args.server:
@@ -131,22 +163,24 @@ def main():
                  "keep_source, e.g. the client option debug=True?)")
     for i, (name, source) in enumerate(listed):
         print(f"[{i + 1}/{len(listed)}] {name}: NVRTC {args.arch}...", file=sys.stderr, flush=True)
-        rc, log = compile_log(lib, name, source, args.arch)
+        rc, log, cubin = compile_log(lib, name, source, args.arch)
         if rc != 0:
             failed += 1
             print(f"{name}: NVRTC failed ({rc}):\n{log[:4000]}", file=sys.stderr)
             continue
-        rows += list(kernels(name, source, log))
+        rows += list(kernels(name, source, log, code_bytes(cubin)))
     if args.layout:
         rows = [r for r in rows if r["layout"] == args.layout]
     spilling = [r for r in rows if r["spill_stores"] or r["spill_loads"]]
     shown_rows = spilling if args.spills_only else rows
-    print(f"| kernel | source | layout | vector width | block | registers | spill stores / loads (bytes) |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
-    for r in sorted(shown_rows, key=lambda r: (r["source"], r["kernel"])):
+    print("| kernel | source | layout | vector width | block | registers | spill stores / loads (bytes) | code KB |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    order = (lambda r: -r["code"]) if args.sort == "code" else (lambda r: (r["source"], r["kernel"]))
+    for r in sorted(shown_rows, key=order):
         print(f"| {r['kernel']} | {r['source']} | {r['layout']} | {r['width']} | {r['block']} | {r['registers']} | "
-              f"{r['spill_stores']} / {r['spill_loads']} |")
-    print(f"\n{len(rows)} kernels, {len(spilling)} spill; NVRTC {path}", file=sys.stderr)
+              f"{r['spill_stores']} / {r['spill_loads']} | {r['code'] / 1024:.1f} |")
+    print(f"\n{len(rows)} kernels, {len(spilling)} spill, {sum(r['code'] for r in rows) / 1024:.0f} KB of code "
+          f"(largest {max((r['code'] for r in rows), default=0) / 1024:.1f} KB); NVRTC {path}", file=sys.stderr)
     if failed:
         sys.exit(2)
     sys.exit(1 if args.fail_on_spill and spilling else 0)
