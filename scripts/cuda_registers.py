@@ -8,8 +8,9 @@ block size (__launch_bounds__), the registers ptxas gave each thread, the bytes 
 local memory and the size of its machine code (the cubin's .text section). A spill in a
 memory-bound kernel costs bandwidth: use it after changing the emitter to see that no kernel of a
 real graph spills (kiln.precompile or a training run fills the cache). Code size matters for
-kernels that run a few microseconds: on the H200 their time followed it (docs/benchmarks.md,
-session 27: 7.3 us at 103 KB, 4.2 us at 13 KB for the same batch norm merge).
+kernels that run a few microseconds: on the H200 their time followed it
+(docs/benchmarks-gpu-sessions.md, session 27: 7.3 us at 103 KB, 4.2 us at 13 KB for the same batch
+norm merge).
 
 Examples:
   kilnctl --server=ADDR show KEY --source > dump.txt; scripts/cuda_registers.py dump.txt

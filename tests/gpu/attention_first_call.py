@@ -1,6 +1,6 @@
 """What the first F.scaled_dot_product_attention call of a process costs, against later calls:
-the measurement behind kiln.prewarm warming attention steps at any size (docs/benchmarks.md,
-session 19). Plain torch on a CUDA GPU; kiln is not involved.
+the measurement behind kiln.prewarm warming attention steps at any size
+(docs/benchmarks-gpu-sessions.md, session 19). Plain torch on a CUDA GPU; kiln is not involved.
 
 Each mode runs in a new process (run the script once per mode and repeat it: the very first run
 on a machine also reads the libraries from disk). CUDA and cuBLAS are brought up first (a matrix

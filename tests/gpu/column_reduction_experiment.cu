@@ -16,9 +16,9 @@
 //
 // Not built by Bazel; on a GPU machine:
 //   nvcc -O3 -arch=sm_90 -std=c++17 -o /tmp/col tests/gpu/column_reduction_experiment.cu && /tmp/col
-// What it found (docs/benchmarks.md, "Session 21 runs"): the division was most of the time (div
-// 52 us, fdividef 28 us); the index arithmetic and the accumulator's form matter less (flat 26.5,
-// sums 24). kiln's Welford::Update now divides with kiln_cuda::div_approx (__fdividef).
+// What it found (docs/benchmarks-gpu-sessions.md, "Session 21 runs"): the division was most of the
+// time (div 52 us, fdividef 28 us); the index arithmetic and the accumulator's form matter less
+// (flat 26.5, sums 24). kiln's Welford::Update now divides with kiln_cuda::div_approx (__fdividef).
 #include <cuda_runtime.h>
 
 #include <algorithm>

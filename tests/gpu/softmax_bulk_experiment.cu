@@ -8,9 +8,9 @@
 //   nvcc -O3 -arch=sm_90 -std=c++17 -o /tmp/sb tests/gpu/softmax_bulk_experiment.cu -lcuda
 //   /tmp/sb [build/cuda_fixtures/kernels_sm_90.cubin kiln_kernel_14 106496 264 512]
 // Environment: ONLY=<variant index or "kiln">, REPS=<timed runs> (for ncu). What it found is in
-// docs/benchmarks.md ("Session 14 runs"): 16-byte stores must be written as one st.global.v4
-// (the compiler split a uint4 store through a uint16_t pointer into four 4-byte stores, and the
-// partial sectors cost 2x), and with that two buffers reach 85.6-86.8% of copy.
+// docs/benchmarks-gpu-sessions.md ("Session 14 runs"): 16-byte stores must be written as one
+// st.global.v4 (the compiler split a uint4 store through a uint16_t pointer into four 4-byte
+// stores, and the partial sectors cost 2x), and with that two buffers reach 85.6-86.8% of copy.
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>

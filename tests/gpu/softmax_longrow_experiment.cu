@@ -18,10 +18,10 @@
 //   nvcc -O3 -arch=sm_90 -std=c++17 -o /tmp/lr tests/gpu/softmax_longrow_experiment.cu
 //   /tmp/lr
 // Environment: ONLY=<variant index>, FROM=<first variant index>, REPS=<timed runs>. What it found
-// is in docs/benchmarks.md ("Session 19 runs"): the warp-specialized version 3 reaches 44.5 us
-// (71% of the 1 GiB copy's rate, 83.5% of a cudaMemcpyAsync of the same bytes) with ex2.approx
-// exps; with accurate expf, version 4 (exps written back) 50.1 us, against 57.9 us for kiln's
-// cluster kernel; not built into kiln.
+// is in docs/benchmarks-gpu-sessions.md ("Session 19 runs"): the warp-specialized version 3 reaches
+// 44.5 us (71% of the 1 GiB copy's rate, 83.5% of a cudaMemcpyAsync of the same bytes) with
+// ex2.approx exps; with accurate expf, version 4 (exps written back) 50.1 us, against 57.9 us for
+// kiln's cluster kernel; not built into kiln.
 #include <cuda_runtime.h>
 
 #include <algorithm>
