@@ -19,9 +19,9 @@ import sys
 import tempfile
 import time
 
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                                "scripts"))
+sys.path.insert(0, os.path.join(REPO, "scripts"))
 import gpu_models as gm  # noqa: E402
 
 
@@ -62,12 +62,21 @@ def host_profile(backend, run, steps, top):
     print("\n".join(line[:160] for line in lines[max(0, start - 3):]))
 
 
+def find_kilnctl(kilnd_binary):
+    """kilnctl beside `kilnd_binary` (a bundle), else this repo's bazel-bin, else `kilnctl` on PATH."""
+    for path in (os.path.join(os.path.dirname(kilnd_binary or ""), "kilnctl"),
+                 os.path.join(REPO, "bazel-bin", "client", "kilnctl", "kilnctl")):
+        if os.access(path, os.X_OK):
+            return path
+    return "kilnctl"
+
+
 def write_sources(server, out_dir):
     """`kilnctl show KEY --source` of every entry of the server's cache, one file per key."""
     import json
     import subprocess
 
-    kilnctl = os.path.join(os.path.dirname(server.binary), "kilnctl")
+    kilnctl = find_kilnctl(server.binary)
     os.makedirs(out_dir, exist_ok=True)
     listing = subprocess.run([kilnctl, f"--server={server.address}", "--json", "ls"], capture_output=True,
                              text=True, timeout=60)
@@ -102,19 +111,19 @@ def _extent_bytes(meta):
     return elems * _DTYPE_BYTES.get(meta["dtype"].removeprefix("DTYPE_"), 4)
 
 
-def kiln_kernel_bytes(server):
+def kiln_kernel_bytes(address, kilnctl):
     """{generated kernel symbol: bytes one run of its plans moves through it}: for each kernel step
-    of every cache entry's plan, the extents of its argument values (inputs, outputs and
-    workspace scratch, each counted once per launch). Each graph is assumed to run once a step."""
+    of every cache entry's plan (the kilnd at `address`), the extents of its argument values
+    (inputs, outputs and workspace scratch, each counted once per launch). Each graph is assumed
+    to run once a step."""
     import json
     import subprocess
 
-    kilnctl = os.path.join(os.path.dirname(server.binary), "kilnctl")
-    listing = subprocess.run([kilnctl, f"--server={server.address}", "--json", "ls"], capture_output=True,
+    listing = subprocess.run([kilnctl, f"--server={address}", "--json", "ls"], capture_output=True,
                              text=True, timeout=60)
     out = {}
     for entry in json.loads(listing.stdout).get("entries", []) if listing.returncode == 0 else []:
-        shown = subprocess.run([kilnctl, f"--server={server.address}", "--json", "show", entry["key"], "--plan"],
+        shown = subprocess.run([kilnctl, f"--server={address}", "--json", "show", entry["key"], "--plan"],
                                capture_output=True, text=True, timeout=120)
         if shown.returncode != 0:
             continue
@@ -267,7 +276,7 @@ def main():
                 kernels, busy_us = gm.kernel_table(run, args.steps)
                 results[b] = (step_ms, enqueue_ms, busy_us, kernels)
                 if args.bytes and b == "kiln":
-                    plan_bytes = kiln_kernel_bytes(server)
+                    plan_bytes = kiln_kernel_bytes(server.address, find_kilnctl(server.binary))
                     reports.append((b, kernels, lambda name, calls: plan_bytes.get(name)))
                 elif args.bytes and b == "inductor":
                     gb = inductor_kernel_bytes(inductor_cache)

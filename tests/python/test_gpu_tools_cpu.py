@@ -2,12 +2,14 @@
 host_split.py, scripts/bench_gpu.py) run on the CPU too (--device cpu --quick): these smoke runs
 keep them working between GPU sessions, against a real kilnd and torch, and pin models_check's
 float64 second opinion for training (the jittered eager peer and the training spread).
-scripts/cuda_registers.py needs no GPU at all: it runs here on a real sm_90 compile."""
+scripts/cuda_registers.py needs no GPU at all: it runs here on a real sm_90 compile, and so do
+profile_model.py's byte counts (kiln's from real plans, Inductor's from its generated modules)."""
 import math
 import os
 import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -188,3 +190,43 @@ def test_cuda_registers_finds_no_spill_in_a_batch_norm_training_step():
             assert all(0 < float(kb) < CODE_KB_LIMIT for _, _, _, kb in columns), (record.kind, out.stdout)
     finally:
         assert server.stop() == 0
+
+
+def test_profile_model_counts_each_kernels_bytes():
+    """profile_model.py --bytes: a kiln kernel's bytes are its plan arguments' extents (here one
+    pointwise kernel reading and writing 1024 x 256 f32: 2 MiB), and Inductor's are its own
+    kernel_num_gb estimate, found after each kernel's name in its modules (a nested dict between
+    them does not hide it; a kernel without one is left out)."""
+    import kiln
+
+    from kilnd_server import Kilnd
+
+    sys.path.insert(0, str(GPU_TOOLS))
+    sys.path.insert(0, str(REPO / "tests" / "python"))
+    import profile_model as pm
+    from test_precompile import nvrtc_library
+
+    nvrtc = nvrtc_library()
+    if nvrtc is None:
+        pytest.skip("no NVRTC library (pip install nvidia-cuda-nvrtc, or set KILN_NVRTC_PATH)")
+    server = Kilnd(f"--nvrtc={nvrtc}")
+    try:
+        kiln.precompile(lambda x: torch.relu(x) * 2, (torch.empty(1024, 256),), target="cuda:sm_90",
+                        options={"server": server.address})
+        counted = pm.kiln_kernel_bytes(server.address, pm.find_kilnctl(kilnd_path()))
+        assert list(counted.values()) == [2 * 1024 * 256 * 4], counted
+        assert all(re.fullmatch(r"kiln_[0-9a-f]{8}_\d+", k) for k in counted), counted
+    finally:
+        assert server.stop() == 0
+
+    module = (
+        "@triton_heuristics.pointwise(inductor_meta={'kernel_name': 'triton_poi_fused_add_0', "
+        "'tiling_scores': {'x': 12}, 'kernel_num_gb': 0.25})\n"
+        "def triton_poi_fused_add_0(): pass\n"
+        "@triton_heuristics.reduction(inductor_meta={'kernel_name': 'triton_red_fused_sum_1'})\n"
+        "def triton_red_fused_sum_1(): pass\n")
+    with tempfile.TemporaryDirectory() as d:
+        os.makedirs(os.path.join(d, "ab"))
+        with open(os.path.join(d, "ab", "cabc.py"), "w") as f:
+            f.write(module)
+        assert pm.inductor_kernel_bytes(d) == {"triton_poi_fused_add_0": 0.25e9}
