@@ -9,7 +9,7 @@ local memory and the size of its machine code (the cubin's .text section). A spi
 memory-bound kernel costs bandwidth: use it after changing the emitter to see that no kernel of a
 real graph spills (kiln.precompile or a training run fills the cache). Code size matters for
 kernels that run a few microseconds: on the H200 their time followed it
-(docs/benchmarks-gpu-sessions.md, session 27: 7.3 us at 103 KB, 4.2 us at 13 KB for the same batch
+(docs/benchmarks-gpu-sessions.md, session 27: 7.3 us at 103 KB, 4.2 us at 16 KB for the same batch
 norm merge).
 
 Examples:

@@ -110,7 +110,7 @@ void CudaKernelEmitter::EmitRows() {
     // Vector columns: one body, in which only each phase's loop over the rows branches on the
     // alignment check (EmitRow). Two copies of the whole body, vector and scalar, doubled the
     // code of kernels that run for a few microseconds, where the time follows the code's size
-    // (on the H200, a 32 x 256 batch-norm merge: 7.3 us at 103 KB of code, 4.2 us at 13 KB). A
+    // (on the H200, a 32 x 256 batch-norm merge: 7.3 us at 103 KB of code, 4.2 us at 16 KB). A
     // check per load instead left the loop's loads waiting on each other (large column kernels
     // 1.5-3x slower).
     hoisted_.Linef("const bool kiln_vec = ", VecFlag(plan), ";");
