@@ -137,12 +137,15 @@ void CudaKernelEmitter::ChooseRowLayout(const Size& rows, absl::optional<int64_t
         // Unless that leaves the GPU mostly idle: a forward batch norm's first pass over 32 x 256
         // (n, c) points of 196 rows took 8.3 us for 3.3 MB in 64-thread blocks (4 warps per SM,
         // too few loads in flight); then at least 4 rows per thread.
-        const int64_t blocks = points ? blocks_of(column_points_) : 0;
-        int64_t min_rows = 16;
-        int capped = max_group;
-        while (capped > min_group && *total_c < int64_t{capped} * min_rows) capped /= 2;
-        if (points && blocks * column_points_ * capped < int64_t{num_sms_} * kThreadsPerSm / 2) min_rows = 4;
-        while (max_group > min_group && *total_c < int64_t{max_group} * min_rows) max_group /= 2;
+        auto capped = [&](int64_t min_rows) {
+          int group = max_group;
+          while (group > min_group && *total_c < int64_t{group} * min_rows) group /= 2;
+          return group;
+        };
+        const int at_16 = capped(16);
+        const bool idle = points && blocks_of(column_points_) * column_points_ * at_16 <
+                                        int64_t{num_sms_} * kThreadsPerSm / 2;
+        max_group = idle ? capped(4) : at_16;
       }
     }
     if (points) {

@@ -71,30 +71,35 @@ def find_kilnctl(kilnd_binary):
     return "kilnctl"
 
 
+def cache_keys(address, kilnctl):
+    """The keys of every entry of the kilnd at `address` (`kilnctl --json ls`); None, with the
+    reason printed, when kilnctl fails."""
+    import json
+    import subprocess
+
+    listing = subprocess.run([kilnctl, f"--server={address}", "--json", "ls"], capture_output=True, text=True,
+                             timeout=60)
+    if listing.returncode != 0:
+        print(f"kilnctl ls failed: {listing.stderr.strip()}")
+        return None
+    return [entry["key"] for entry in json.loads(listing.stdout).get("entries", [])]
+
+
 def write_sources(server, out_dir):
     """`kilnctl show KEY --source` of every entry of the server's cache, one file per key."""
-    import json
     import subprocess
 
     kilnctl = find_kilnctl(server.binary)
     os.makedirs(out_dir, exist_ok=True)
-    listing = subprocess.run([kilnctl, f"--server={server.address}", "--json", "ls"], capture_output=True,
-                             text=True, timeout=60)
-    if listing.returncode != 0:
-        print(f"kilnctl ls failed: {listing.stderr.strip()}")
+    keys = cache_keys(server.address, kilnctl)
+    if keys is None:
         return
-    for entry in json.loads(listing.stdout).get("entries", []):
-        key = entry["key"]
+    for key in keys:
         shown = subprocess.run([kilnctl, f"--server={server.address}", "show", key, "--source"],
                                capture_output=True, text=True, timeout=60)
         with open(os.path.join(out_dir, f"{key[:16]}.txt"), "w") as f:
             f.write(shown.stdout + shown.stderr)
     print(f"kiln sources: {out_dir}")
-
-
-_DTYPE_BYTES = {"FLOAT32": 4, "FLOAT64": 8, "FLOAT16": 2, "BFLOAT16": 2, "INT8": 1, "INT16": 2, "INT32": 4,
-                "INT64": 8, "UINT8": 1, "BOOL": 1, "UINT16": 2, "UINT32": 4, "UINT64": 8,
-                "FLOAT8_E4M3FN": 1, "FLOAT8_E5M2": 1, "COMPLEX64": 8, "COMPLEX128": 16}
 
 
 def _extent_bytes(meta):
@@ -108,7 +113,9 @@ def _extent_bytes(meta):
     if any(n == 0 for n in sizes):
         return 0
     elems = 1 + sum((n - 1) * abs(st) for n, st in zip(sizes, strides))
-    return elems * _DTYPE_BYTES.get(meta["dtype"].removeprefix("DTYPE_"), 4)
+    from kiln import _tables, proto
+
+    return elems * _tables.PB_TO_DTYPE[getattr(proto, meta["dtype"])].itemsize
 
 
 def kiln_kernel_bytes(address, kilnctl):
@@ -119,11 +126,9 @@ def kiln_kernel_bytes(address, kilnctl):
     import json
     import subprocess
 
-    listing = subprocess.run([kilnctl, f"--server={address}", "--json", "ls"], capture_output=True,
-                             text=True, timeout=60)
     out = {}
-    for entry in json.loads(listing.stdout).get("entries", []) if listing.returncode == 0 else []:
-        shown = subprocess.run([kilnctl, f"--server={address}", "--json", "show", entry["key"], "--plan"],
+    for key in cache_keys(address, kilnctl) or []:
+        shown = subprocess.run([kilnctl, f"--server={address}", "--json", "show", key, "--plan"],
                                capture_output=True, text=True, timeout=120)
         if shown.returncode != 0:
             continue

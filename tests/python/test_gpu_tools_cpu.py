@@ -150,10 +150,26 @@ def test_host_split_graph_mode_on_cpu():
     assert "StaticGuard" not in out, out[-3000:]
 
 
+@pytest.fixture
+def nvrtc_kilnd():
+    """(a fresh kilnd that compiles for CUDA targets, its NVRTC library's path); a skip without NVRTC."""
+    from kilnd_server import Kilnd
+
+    sys.path.insert(0, str(REPO / "tests" / "python"))
+    from test_precompile import nvrtc_library
+
+    nvrtc = nvrtc_library()
+    if nvrtc is None:
+        pytest.skip("no NVRTC library (pip install nvidia-cuda-nvrtc, or set KILN_NVRTC_PATH)")
+    server = Kilnd(f"--nvrtc={nvrtc}")
+    yield server, nvrtc
+    assert server.stop() == 0
+
+
 CODE_KB_LIMIT = 32  # per column kernel of the batch norm step below
 
 
-def test_cuda_registers_finds_no_spill_in_a_batch_norm_training_step():
+def test_cuda_registers_finds_no_spill_in_a_batch_norm_training_step(nvrtc_kilnd):
     """scripts/cuda_registers.py compiles a cache entry's CUDA sources with NVRTC, no GPU needed: a
     convolution + batch norm training step precompiled for sm_90 has vector column kernels (the
     batch norm's split partials and per-channel sums), none of its kernels spills
@@ -163,61 +179,40 @@ def test_cuda_registers_finds_no_spill_in_a_batch_norm_training_step():
     size on the GPU)."""
     import kiln
 
-    from kilnd_server import Kilnd
-
-    sys.path.insert(0, str(REPO / "tests" / "python"))
-    from test_precompile import nvrtc_library
-
-    nvrtc = nvrtc_library()
-    if nvrtc is None:
-        pytest.skip("no NVRTC library (pip install nvidia-cuda-nvrtc, or set KILN_NVRTC_PATH)")
-    server = Kilnd(f"--nvrtc={nvrtc}")
-    try:
-        model = torch.nn.Sequential(torch.nn.Conv2d(8, 64, 3, padding=1, bias=False), torch.nn.BatchNorm2d(64),
-                                    torch.nn.ReLU())
-        x = torch.randn(8, 8, 32, 32).to(memory_format=torch.channels_last)
-        records = kiln.precompile(model, (x,), target="cuda:sm_90", training=True,
-                                  options={"server": server.address, "debug": True})
-        assert sorted(r.kind for r in records) == ["backward", "forward"], records
-        for record in records:
-            out = subprocess.run([sys.executable, str(REPO / "scripts" / "cuda_registers.py"), "--server",
-                                  server.address, record.key, "--nvrtc", nvrtc, "--fail-on-spill"],
-                                 capture_output=True, text=True, timeout=600, cwd=REPO)
-            assert out.returncode == 0, out.stdout + out.stderr
-            columns = re.findall(r"^\| kiln_\w+ \| graph_\d+\.cu \| column \| (\d) \| (\d+) \| (\d+) \| 0 / 0 \| "
-                                 r"([\d.]+) \|$", out.stdout, re.M)
-            assert columns and all(width == "4" for width, _, _, _ in columns), (record.kind, out.stdout)
-            assert all(0 < float(kb) < CODE_KB_LIMIT for _, _, _, kb in columns), (record.kind, out.stdout)
-    finally:
-        assert server.stop() == 0
+    server, nvrtc = nvrtc_kilnd
+    model = torch.nn.Sequential(torch.nn.Conv2d(8, 64, 3, padding=1, bias=False), torch.nn.BatchNorm2d(64),
+                                torch.nn.ReLU())
+    x = torch.randn(8, 8, 32, 32).to(memory_format=torch.channels_last)
+    records = kiln.precompile(model, (x,), target="cuda:sm_90", training=True,
+                              options={"server": server.address, "debug": True})
+    assert sorted(r.kind for r in records) == ["backward", "forward"], records
+    for record in records:
+        out = subprocess.run([sys.executable, str(REPO / "scripts" / "cuda_registers.py"), "--server",
+                              server.address, record.key, "--nvrtc", nvrtc, "--fail-on-spill"],
+                             capture_output=True, text=True, timeout=600, cwd=REPO)
+        assert out.returncode == 0, out.stdout + out.stderr
+        columns = re.findall(r"^\| kiln_\w+ \| graph_\d+\.cu \| column \| (\d) \| (\d+) \| (\d+) \| 0 / 0 \| "
+                             r"([\d.]+) \|$", out.stdout, re.M)
+        assert columns and all(width == "4" for width, _, _, _ in columns), (record.kind, out.stdout)
+        assert all(0 < float(kb) < CODE_KB_LIMIT for _, _, _, kb in columns), (record.kind, out.stdout)
 
 
-def test_profile_model_counts_each_kernels_bytes():
+def test_profile_model_counts_each_kernels_bytes(nvrtc_kilnd):
     """profile_model.py --bytes: a kiln kernel's bytes are its plan arguments' extents (here one
     pointwise kernel reading and writing 1024 x 256 f32: 2 MiB), and Inductor's are its own
     kernel_num_gb estimate, found after each kernel's name in its modules (a nested dict between
     them does not hide it; a kernel without one is left out)."""
     import kiln
 
-    from kilnd_server import Kilnd
-
     sys.path.insert(0, str(GPU_TOOLS))
-    sys.path.insert(0, str(REPO / "tests" / "python"))
     import profile_model as pm
-    from test_precompile import nvrtc_library
 
-    nvrtc = nvrtc_library()
-    if nvrtc is None:
-        pytest.skip("no NVRTC library (pip install nvidia-cuda-nvrtc, or set KILN_NVRTC_PATH)")
-    server = Kilnd(f"--nvrtc={nvrtc}")
-    try:
-        kiln.precompile(lambda x: torch.relu(x) * 2, (torch.empty(1024, 256),), target="cuda:sm_90",
-                        options={"server": server.address})
-        counted = pm.kiln_kernel_bytes(server.address, pm.find_kilnctl(kilnd_path()))
-        assert list(counted.values()) == [2 * 1024 * 256 * 4], counted
-        assert all(re.fullmatch(r"kiln_[0-9a-f]{8}_\d+", k) for k in counted), counted
-    finally:
-        assert server.stop() == 0
+    server, _ = nvrtc_kilnd
+    kiln.precompile(lambda x: torch.relu(x) * 2, (torch.empty(1024, 256),), target="cuda:sm_90",
+                    options={"server": server.address})
+    counted = pm.kiln_kernel_bytes(server.address, pm.find_kilnctl(kilnd_path()))
+    assert list(counted.values()) == [2 * 1024 * 256 * 4], counted
+    assert all(re.fullmatch(r"kiln_[0-9a-f]{8}_\d+", k) for k in counted), counted
 
     module = (
         "@triton_heuristics.pointwise(inductor_meta={'kernel_name': 'triton_poi_fused_add_0', "
