@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <set>
 #include <utility>
 
@@ -86,6 +87,47 @@ class Fuser {
     Log(absl::StrCat("realize v", v, " (", g_.values[v].op, "): ", why));
   }
 
+  // The stored values (inputs, constants, step outputs, realized values) that a kernel reading v
+  // loads to recompute it, sorted; nullopt when there are more than kMaxLeaves.
+  using Leaves = std::optional<std::vector<int32_t>>;
+  static constexpr size_t kMaxLeaves = 16;
+  bool Stored(int32_t v) const { return realized_[v] || IsStorageKind(g_.values[v].kind); }
+  Leaves LeavesOf(const LValue& v, const std::vector<Leaves>& leaves) const {
+    if (Stored(v.id)) return std::vector<int32_t>{v.id};
+    if (v.kind == ValueKind::kView) {
+      const int32_t r = ViewRoot(g_, v.id);
+      return Stored(r) ? std::vector<int32_t>{r} : leaves[r];
+    }
+    std::set<int32_t> all;
+    for (int32_t in : v.inputs) {
+      const Leaves l = Stored(in) ? std::vector<int32_t>{in} : leaves[in];
+      if (!l) return std::nullopt;
+      all.insert(l->begin(), l->end());
+    }
+    if (all.size() > kMaxLeaves) return std::nullopt;
+    return std::vector<int32_t>(all.begin(), all.end());
+  }
+
+  // A cheap value with several readers is recomputed in each of them, each loading all its leaves.
+  // Storing it costs one pass over the leaves, its write and one read per reader, so it is stored
+  // when (users - 1) * leaf bytes > (users + 1) * its bytes. Such values: a residual stream's
+  // gradient, summed from its branches and masked by ReLUs, read by three or more backward kernels.
+  void RealizeIfFewerBytes(const LValue& v, int users, const std::vector<Leaves>& leaves) {
+    const Leaves ls = LeavesOf(v, leaves);
+    const int64_t bytes = v.numel() * k::ScalarTypeBytes(v.dtype);
+    int64_t leaf_bytes = 0;
+    for (int32_t l : ls.value_or(std::vector<int32_t>{})) {
+      const LValue& x = g_.values[l];
+      leaf_bytes += std::min(x.numel(), v.numel()) * k::ScalarTypeBytes(x.dtype);
+    }
+    if (!ls) {
+      Realize(v.id, absl::StrCat(users, " consumers would each load its more than ", kMaxLeaves, " stored inputs"));
+    } else if ((users - 1) * leaf_bytes > (users + 1) * bytes) {
+      Realize(v.id, absl::StrCat(users, " consumers would each load its ", ls->size(), " stored inputs (", leaf_bytes,
+                                 " bytes) to recompute it (", bytes, " bytes)"));
+    }
+  }
+
   void DecideRealized() {
     for (int32_t o : g_.outputs) {
       if (o >= 0 && !IsStorageKind(g_.values[o].kind) && g_.values[o].kind != ValueKind::kView) Realize(o, "graph output");
@@ -107,6 +149,7 @@ class Fuser {
       }
     }
     std::vector<bool> eff_cheap(g_.values.size(), false);
+    std::vector<Leaves> leaves(g_.values.size());
     for (const LValue& v : g_.values) {
       if (v.kind == ValueKind::kRowOutput) realized_[v.id] = true;
       if (v.kind == ValueKind::kView) {
@@ -126,9 +169,12 @@ class Fuser {
           if ((users > 1 || composite) && !cheap) {
             Realize(v.id, users > 1 ? absl::StrCat(users, " consumers and not cheap (computed once)")
                                     : "read twice by a row-fused composite and not cheap");
+          } else if (users > 1) {
+            RealizeIfFewerBytes(v, users, leaves);
           }
         }
       }
+      leaves[v.id] = LeavesOf(v, leaves);
       const int32_t r = ViewRoot(g_, v.id);
       eff_cheap[v.id] = realized_[v.id] || IsStorageKind(v.kind) || (v.kind == ValueKind::kView && eff_cheap[r]) ||
                         (v.kind == ValueKind::kPointwise && v.cheap &&

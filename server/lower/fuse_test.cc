@@ -11,6 +11,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
 #include "server/graph/graph_path.h"
 #include "server/graph/test_graphs.h"
@@ -492,6 +493,30 @@ TEST(FuseTest, DisableFusionGivesOneKernelPerOp) {
   EXPECT_EQ(r.plan.workspace_bytes(), 2 * 512);
 }
 
+// A cheap value read by several kernels is recomputed in each from its stored inputs, unless that
+// loads more than storing it once: a sum of four inputs read by three reductions is stored
+// ((3 - 1) x 4 loads > (3 + 1) x 1), a sum of two read by two is not ((2 - 1) x 2 < (2 + 1) x 1).
+TEST(FuseTest, CheapValueOfManyInputsWithSeveralReadersIsStored) {
+  GraphBuilder b;
+  b.Input("a", C32({64, 64})).Input("b", C32({64, 64})).Input("c", C32({64, 64})).Input("d", C32({64, 64}))
+      .Call("s1", "aten.add.Tensor", {Ref("a"), Ref("b")}, C32({64, 64}))
+      .Call("s2", "aten.add.Tensor", {Ref("s1"), Ref("c")}, C32({64, 64}))
+      .Call("s3", "aten.add.Tensor", {Ref("s2"), Ref("d")}, C32({64, 64}))
+      .Call("rows", "aten.sum.dim_IntList", {Ref("s3"), Ints({1})}, C32({64}))
+      .Call("cols", "aten.sum.dim_IntList", {Ref("s3"), Ints({0})}, C32({64}))
+      .Call("m", "aten.amax.default", {Ref("s3"), Ints({1})}, C32({64}))
+      .Call("t", "aten.add.Tensor", {Ref("a"), Ref("b")}, C32({64, 64}))
+      .Call("t_rows", "aten.sum.dim_IntList", {Ref("t"), Ints({1})}, C32({64}))
+      .Call("t_cols", "aten.sum.dim_IntList", {Ref("t"), Ints({0})}, C32({64}))
+      .Output({"rows", "cols", "m", "t_rows", "t_cols"});
+  const Result r = Pipeline(b.Build());
+  const std::string log = Log(r);
+  EXPECT_TRUE(absl::StrContains(log, "(add): 3 consumers would each load its 4 stored inputs (65536 bytes) to "
+                                     "recompute it (16384 bytes)")) << log;
+  EXPECT_EQ(std::vector<std::string>(absl::StrSplit(log, "consumers would")).size(), 2u)
+      << log;  // s1, s2 and t are not stored
+}
+
 // Unsupported ops become counted fallbacks; the graph still compiles around them.
 TEST(FuseTest, UnsupportedOpsFallBack) {
   GraphBuilder b;
@@ -566,14 +591,16 @@ TEST(FuseTest, BatchNormPartialsSplitRowsOnGpus) {
   struct Case {
     std::vector<int64_t> sizes;
     bool gpu;
-    std::vector<int64_t> partial, combine;
+    std::vector<int64_t> partial, combine;  // forward
+    std::vector<int64_t> backward_partial, backward_combine;  // empty: as the forward's
   };
   const Case cases[] = {
       {{32, 64, 56, 56}, false, {32, 64, 56, 56}, {32, 64}},
-      {{32, 64, 56, 56}, true, {32, 4, 64, 14, 56}, {32, 4, 64}},  // 32 * 4 * 64 = 8192
+      // forward 32 * 8 * 64 = 16384 (S = 14 would leave 224 elements), backward 32 * 4 * 64 = 8192
+      {{32, 64, 56, 56}, true, {32, 8, 64, 7, 56}, {32, 8, 64}, {32, 4, 64, 14, 56}, {32, 4, 64}},
       {{8, 16, 64, 64}, true, {8, 16, 16, 4, 64}, {8, 16, 16}},    // S = 64 would leave 64 elements
       {{2, 8, 8, 8}, true, {2, 8, 8, 8}, {2, 8}},                  // 64 elements already
-      {{64, 128, 8, 8}, true, {64, 128, 8, 8}, {64, 128}},         // 8192 partials already
+      {{64, 128, 8, 8}, true, {64, 128, 8, 8}, {64, 128}},         // 8192 partials, 64 elements
       {{4, 3, 1024}, true, {4, 4, 3, 256}, {4, 4, 3}},             // rank 3: 1024 / 4 = 256 elements
   };
   for (const Case& c : cases) {
@@ -583,18 +610,21 @@ TEST(FuseTest, BatchNormPartialsSplitRowsOnGpus) {
     const Result r = Pipeline(TrainingBatchNorm(c.sizes), false, options);
     EXPECT_EQ(r.aten, 0);
     ASSERT_EQ(r.ops.row_ops.size(), 4u);
-    const size_t rank = c.partial.size();
-    std::vector<int> reduce, combine_reduce;
-    for (size_t d = rank - (c.sizes.size() - 2); d < rank; ++d) reduce.push_back(static_cast<int>(d));
-    for (size_t d = 0; d + 1 < c.combine.size(); ++d) combine_reduce.push_back(static_cast<int>(d));
     for (int i : {0, 2}) {  // forward, backward
+      const bool own = i == 2 && !c.backward_partial.empty();
+      const std::vector<int64_t>& want_partial = own ? c.backward_partial : c.partial;
+      const std::vector<int64_t>& want_combine = own ? c.backward_combine : c.combine;
+      const size_t rank = want_partial.size();
+      std::vector<int> reduce, combine_reduce;
+      for (size_t d = rank - (c.sizes.size() - 2); d < rank; ++d) reduce.push_back(static_cast<int>(d));
+      for (size_t d = 0; d + 1 < want_combine.size(); ++d) combine_reduce.push_back(static_cast<int>(d));
       const RowOp& partial = r.ops.row_ops[i];
       const RowOp& combine = r.ops.row_ops[i + 1];
       EXPECT_EQ(partial.name, i == 0 ? "batch_norm_partial" : "batch_norm_backward_partial");
-      EXPECT_EQ(partial.domain, c.partial);
+      EXPECT_EQ(partial.domain, want_partial);
       EXPECT_EQ(partial.reduce_dims, reduce);
-      for (const RowOutput& o : partial.outputs) EXPECT_EQ(r.ops.values[o.value].sizes, c.combine);
-      EXPECT_EQ(combine.domain, c.combine);
+      for (const RowOutput& o : partial.outputs) EXPECT_EQ(r.ops.values[o.value].sizes, want_combine);
+      EXPECT_EQ(combine.domain, want_combine);
       EXPECT_EQ(combine.reduce_dims, combine_reduce);
     }
     EXPECT_EQ(r.kernels.kernels.size(), 6u);  // 3 forward, 3 backward (none fuse across)
