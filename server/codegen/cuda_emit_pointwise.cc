@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/types/optional.h"
@@ -23,6 +24,7 @@ constexpr int kTile = 32;      // kTiled: a tile of kTile (y) x kTileX (x) point
 constexpr int kTileX = 64;     // (8 loads in flight per thread)
 constexpr int kTileShift = 5;  // log2(kTile)
 constexpr int kTileRows = 8;   // kTiled: block = kTile * kTileRows threads
+constexpr int64_t kMaxUnrolledPoints = 4;  // kPointwise: points a thread computes per unit (UnrolledPointDims)
 
 }  // namespace
 
@@ -51,6 +53,9 @@ void CudaKernelEmitter::EmitPointwise() {
   const Var x{VarKind::kOuter, last};
   const VecPlan plan = PlanVector(k_.body, x);
   const int width = plan.width;
+  const std::vector<int> unrolled = UnrolledPointDims();
+  int64_t points_per_unit = 1;
+  for (int d : unrolled) points_per_unit *= *k_.outer[d].AsConst();
   launch_.vector_width = width;
   launch_.work_per_block = int64_t{launch_.block} * width;
   const std::string inner = SizeCode(k_.outer[last]);
@@ -63,7 +68,10 @@ void CudaKernelEmitter::EmitPointwise() {
   }
   w_.Linef("const idx_t kiln_chunks = ", chunks, ";");
   Size rows = Size::Const(1);
-  for (int i = 0; i < last; ++i) rows = rows * k_.outer[i];
+  for (int i = 0; i < last; ++i) {
+    if (std::find(unrolled.begin(), unrolled.end(), i) == unrolled.end()) rows = rows * k_.outer[i];
+  }
+  launch_.work = rows * k_.outer[last];
   w_.Linef("const idx_t kiln_units = ",
            rows.is_const(1) ? "kiln_chunks" : absl::StrCat(SizeCode(rows), " * kiln_chunks"), ";");
   w_.Open(absl::StrCat("for (idx_t kiln_u = ", GlobalThread(),
@@ -71,35 +79,100 @@ void CudaKernelEmitter::EmitPointwise() {
                        "static_cast<idx_t>(blockDim.x))"));
   if (last > 0) {
     w_.Line("const idx_t kiln_c = kiln_u % kiln_chunks;");
-    EmitDecompose("kiln_u / kiln_chunks", last);
+    if (unrolled.empty()) {
+      EmitDecompose("kiln_u / kiln_chunks", last);
+    } else {
+      EmitDecomposeExcept("kiln_u / kiln_chunks", last, unrolled);
+    }
   } else {
     w_.Line("const idx_t kiln_c = kiln_u;");
   }
+  // The body once per point of the unrolled dims, each in its own scope with their indices as
+  // constants.
+  auto each_point = [&](absl::FunctionRef<void()> body) {
+    for (int64_t p = 0; p < points_per_unit; ++p) {
+      if (!unrolled.empty()) {
+        w_.Open("");
+        PushScope();
+        int64_t rest = p;
+        for (size_t j = unrolled.size(); j-- > 0;) {
+          const int64_t e = *k_.outer[unrolled[j]].AsConst();
+          w_.Linef("const idx_t o", unrolled[j], " = ", rest % e, ";");
+          rest /= e;
+        }
+      }
+      body();
+      if (!unrolled.empty()) {
+        PopScope();
+        w_.Close();
+      }
+    }
+  };
   const std::string xn = kernel::VarName(x);
   if (width == 1) {
     w_.Linef("const idx_t ", xn, " = kiln_c;");
-    PushScope();
-    for (const Stmt& s : k_.body) EmitCudaStmt(s);
-    PopScope();
+    each_point([&] {
+      PushScope();
+      for (const Stmt& s : k_.body) EmitCudaStmt(s);
+      PopScope();
+    });
     w_.Close();
     return;
   }
   w_.Linef("const idx_t kiln_base = kiln_c * ", width, ";");
   w_.Open(absl::StrCat("if (kiln_vec && kiln_base + ", width, " <= ", inner, ")"));
-  EmitVectorLanes(k_.body, plan, x, "kiln_base", [&](const std::string& value, int) {
-    w_.Linef("const idx_t ", xn, " = ", value, ";");
+  each_point([&] {
+    EmitVectorLanes(k_.body, plan, x, "kiln_base", [&](const std::string& value, int) {
+      w_.Linef("const idx_t ", xn, " = ", value, ";");
+    });
   });
   w_.Close();
   w_.Open("else");
   w_.Linef("const idx_t kiln_end = kiln_base + ", width, " < ", inner, " ? kiln_base + ", width,
            " : ", inner, ";");
   w_.Open(absl::StrCat("for (idx_t ", xn, " = kiln_base; ", xn, " < kiln_end; ++", xn, ")"));
-  PushScope();
-  for (const Stmt& s : k_.body) EmitCudaStmt(s);
-  PopScope();
+  each_point([&] {
+    PushScope();
+    for (const Stmt& s : k_.body) EmitCudaStmt(s);
+    PopScope();
+  });
   w_.Close();
   w_.Close();
   w_.Close();
+}
+
+std::vector<int> CudaKernelEmitter::UnrolledPointDims() const {
+  // Outer dims but the innermost, of static extent 2 to 4 (together at most kMaxUnrolledPoints),
+  // whose index the body reads as a value: a stride split's phase (max_pool2d's backward tests
+  // which windows an input element lies in, with [n, h / 2, h % 2, w / 2, w % 2, c] as its
+  // outer dims). A thread computes all their points, each with those indices constants, so the
+  // compiler drops the tests that fail (a 3 x 3 window of stride 2: 9 candidates a point -> 9 for
+  // all 4) and loads what the points share once.
+  std::vector<int> dims;
+  int64_t points = 1;
+  for (int i = 0; i + 1 < static_cast<int>(k_.outer.size()); ++i) {
+    const absl::optional<int64_t> e = k_.outer[i].AsConst();
+    if (!e || *e < 2 || *e > 4 || points * *e > kMaxUnrolledPoints) continue;
+    if (!ReadsVarValue(k_.body, Var{VarKind::kOuter, i})) continue;
+    dims.push_back(i);
+    points *= *e;
+  }
+  return dims;
+}
+
+void CudaKernelEmitter::EmitDecomposeExcept(const std::string& unit, int num_dims, const std::vector<int>& skip) {
+  std::vector<int> dims;
+  for (int i = 0; i < num_dims; ++i) {
+    if (std::find(skip.begin(), skip.end(), i) == skip.end()) dims.push_back(i);
+  }
+  if (dims.empty()) return;
+  w_.Linef("idx_t kiln_rest = ", unit, ";");
+  for (size_t j = dims.size(); j-- > 1;) {
+    const std::string e = SizeCode(k_.outer[dims[j]]);
+    w_.Linef("const idx_t o", dims[j], " = kiln_rest % ", e, ";");
+    w_.Linef("kiln_rest /= ", e, ";");
+  }
+  w_.Linef("const idx_t o", dims[0], " = kiln_rest;");
 }
 
 bool CudaKernelEmitter::EmitTiled() {

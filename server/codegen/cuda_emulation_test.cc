@@ -50,6 +50,26 @@ absl::StatusOr<Kernel> BatchedTransposeBf16(int64_t rows, int64_t cols) {
   return kb.Finish();
 }
 
+// out[b, h, p, j] with p the phase of a stride-2 split read as a value (as max_pool2d's backward
+// reads its [n, h / 2, h % 2, ...] dims): p == 1 && h + 1 < rows ? a[b, h + 1, j] (a masked load)
+// : a[b, h, j] + p. The emitter unrolls p inside each thread (UnrolledPointDims) with p constant.
+absl::StatusOr<Kernel> StrideSplitPhases(int64_t rows, int64_t cols) {
+  KernelBuilder kb("stride split phases");
+  const Size n = kb.AddScalar(), r = Size::Const(rows), c = Size::Const(cols), two = Size::Const(2);
+  const Buffer a = kb.AddBuffer(ScalarType::kFloat32, Access::kRead, n * r * c);
+  const Buffer out = kb.AddBuffer(ScalarType::kFloat32, Access::kWrite, n * r * two * c);
+  const Var b = kb.AddOuter(n), h = kb.AddOuter(r), p = kb.AddOuter(two), j = kb.AddOuter(c);
+  const ExprOr phase = LoopVar(p);
+  const ExprOr mask = Binary(BinaryOp::kLogicalAnd, Binary(BinaryOp::kEq, phase, ConstInt(ScalarType::kInt64, 1)),
+                             Binary(BinaryOp::kLt, Add(LoopVar(h), ConstInt(ScalarType::kInt64, 1)),
+                                    ConstInt(ScalarType::kInt64, rows)));
+  const ExprOr next = LoadMasked(a, MakeIndex(c, {{b, r * c}, {h, c}, {j, Size::Const(1)}}), mask);
+  const ExprOr here = Load(a, MakeIndex(Size(), {{b, r * c}, {h, c}, {j, Size::Const(1)}}));
+  kb.Add(Store(out, ContiguousIndex({b, h, p, j}, {n, r, two, c}),
+               Select(mask, next, Add(here, Cast(ScalarType::kFloat32, phase)))));
+  return kb.Finish();
+}
+
 // softmax(x) + x: phase 1 reads x outside exp(x - max) too, so the cache keeps x (no exp reuse).
 absl::StatusOr<Kernel> SoftmaxPlusInput(int64_t cols) {
   KernelBuilder kb("softmax plus input");
@@ -189,6 +209,9 @@ std::vector<Case> Cases() {
   c.push_back({"channels_last_partials_bf16", ct::ChannelsLastPartials(56, 64), {3}});
   c.push_back({"channels_last_partials_bf16_misaligned", ct::ChannelsLastPartials(49, 96), {2}, true});
   c.push_back({"layer_norm_bf16_3001_staggered", kt::LayerNormBf16(3001, 1e-5f), {3}, false, 3, 0, true});
+  // Last: the cases share one random stream, and column_normalize's data divides by sums near zero.
+  c.push_back({"stride_split_phases", StrideSplitPhases(7, 64), {3}});
+  c.push_back({"stride_split_phases_odd_misaligned", StrideSplitPhases(5, 37), {2}, true});
   return c;
 }
 

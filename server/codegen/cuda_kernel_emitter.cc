@@ -35,7 +35,24 @@ void CollectLoads(const Expr& e, std::set<const ExprNode*>* seen, std::vector<co
   if (e->kind == ExprKind::kLoad) out->push_back(e.get());
 }
 
+bool ReadsVar(const Expr& e, const Var& var, std::set<const ExprNode*>* seen) {
+  if (!seen->insert(e.get()).second) return false;
+  if (e->kind == ExprKind::kLoopVar && e->var == var) return true;
+  for (const Expr& a : e->args) {
+    if (ReadsVar(a, var, seen)) return true;
+  }
+  return false;
+}
+
 }  // namespace
+
+bool ReadsVarValue(const std::vector<Stmt>& stmts, const Var& var) {
+  std::set<const ExprNode*> seen;
+  for (const Stmt& s : stmts) {
+    if (ReadsVar(s.value, var, &seen)) return true;
+  }
+  return false;
+}
 
 Size Product(const std::vector<Size>& sizes) {
   Size p = Size::Const(1);

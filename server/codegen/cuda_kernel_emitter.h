@@ -58,6 +58,9 @@ Size Product(const std::vector<Size>& sizes);
 // The constant stride of `var` in `index` (0 when absent), or nullopt when it is not constant.
 absl::optional<int64_t> ConstStride(const Index& index, const Var& var);
 
+// Whether a value of `stmts` reads `var` itself (a kLoopVar node), not only through indices.
+bool ReadsVarValue(const std::vector<Stmt>& stmts, const Var& var);
+
 // The load nodes of the values of `stmts` outside the subtrees of `skip`, each node once, in
 // post-order (masks first).
 std::vector<const ExprNode*> LoadsOf(const std::vector<Stmt>& stmts, const std::set<const ExprNode*>& skip = {});
@@ -210,6 +213,8 @@ class CudaKernelEmitter : public CpuKernelEmitter {
   // ---- pointwise (cuda_emit_pointwise.cc) ----
   std::string GlobalThread() const;
   void EmitPointwise();
+  std::vector<int> UnrolledPointDims() const;
+  void EmitDecomposeExcept(const std::string& unit, int num_dims, const std::vector<int>& skip);
   // Loads contiguous along o{k-2} (y) but strided along the innermost o{k-1} (x), where the
   // stores are contiguous: a block handles a kTile x kTileX tile of (y, x); each such load is
   // staged through a padded shared tile (warps read it coalesced along y), then every thread
