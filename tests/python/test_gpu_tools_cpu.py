@@ -225,3 +225,15 @@ def test_profile_model_counts_each_kernels_bytes(nvrtc_kilnd):
         with open(os.path.join(d, "ab", "cabc.py"), "w") as f:
             f.write(module)
         assert pm.inductor_kernel_bytes(d) == {"triton_poi_fused_add_0": 0.25e9}
+
+
+def test_kernel_variants_parses_buffer_specs_and_names_a_bad_one():
+    sys.path.insert(0, str(GPU_TOOLS))
+    try:
+        import kernel_variants as kv
+    finally:
+        sys.path.pop(0)
+    assert kv.parse_buffers("f32:16384, bf16:64,i64:8") == [("float32", 16384), ("uint16", 64), ("int64", 8)]
+    for bad in ("f32", "f33:4", "f32:0", "f32:x"):
+        with pytest.raises(ValueError, match=re.escape(repr(bad))):
+            kv.parse_buffers(bad)
