@@ -275,6 +275,7 @@ void CudaKernelEmitter::EmitRow(const VecPlan& plan, bool cache) {
     PlanApproxExp();
     launch_.cached_values = std::max<int>(launch_.cached_values, static_cast<int>(values));
   }
+  if (column) EmitBodyPrefetch(lanes ? width : 1);
   std::string total_code = SizeCode(total);
   for (size_t p = 0; p < k_.phases.size(); ++p) {
     phase_ = static_cast<int>(p);
@@ -376,13 +377,16 @@ void CudaKernelEmitter::EmitRow(const VecPlan& plan, bool cache) {
         w_.Open("");
         DeclareColumnLane(absl::StrCat("kiln_ob + ", j), j);
       }
+      body_lane_ = j;
       PushScope();
       for (const Stmt& s : k_.body) EmitCudaStmt(s);
       PopScope();
+      body_lane_ = -1;
       if (lanes) w_.Close();
     }
     w_.Close();
   }
+  prefetched_.clear();
   PopScope();
 }
 
@@ -408,6 +412,34 @@ void CudaKernelEmitter::EmitColumnLoop(const std::vector<Stmt>& stmts, const Vec
     PopScope();
   }
   w_.Close();
+  w_.Close();
+}
+
+void CudaKernelEmitter::EmitBodyPrefetch(int lanes) {
+  prefetched_.clear();
+  std::vector<const ExprNode*> loads;
+  for (const ExprNode* l : LoadsOf(k_.body)) {
+    if (!l->args.empty()) continue;  // masked: where it reads depends on the mask
+    if (l->buffer.access != kernel::Access::kRead) continue;  // the kernel writes it too
+    const std::string key = AccessKey(l->buffer, l->index);
+    if (prefetched_.count(key) > 0 || prefetched_.size() >= kMaxBodyPrefetch) continue;
+    prefetched_[key] = absl::StrCat("kiln_pf", prefetched_.size());
+    loads.push_back(l);
+  }
+  if (loads.empty()) return;
+  for (const ExprNode* l : loads) {
+    w_.Linef(StorageType(l->buffer.dtype), " ", prefetched_[AccessKey(l->buffer, l->index)], "[", lanes, "];");
+  }
+  w_.Open("if (kiln_active && kiln_lane == 0)");
+  for (int j = 0; j < lanes; ++j) {
+    w_.Open("");
+    if (lanes > 1) w_.Linef("const idx_t o", k_.outer.size() - 1, " = kiln_ob + ", j, ";");
+    for (const ExprNode* l : loads) {
+      w_.Linef(prefetched_[AccessKey(l->buffer, l->index)], "[", j, "] = b", l->buffer.index, "[",
+               IndexCode(l->index), "];");
+    }
+    w_.Close();
+  }
   w_.Close();
 }
 

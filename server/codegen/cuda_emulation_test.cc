@@ -70,6 +70,27 @@ absl::StatusOr<Kernel> StrideSplitPhases(int64_t rows, int64_t cols) {
   return kb.Finish();
 }
 
+// out[c] = sum over rows of x[r, c] * w[c] + running[c], with a bf16 weight: a column kernel whose
+// body loads (w, running) are read into registers before the rows (EmitBodyPrefetch), one per
+// lane of a vector column.
+absl::StatusOr<Kernel> ColumnSumAffine(int64_t rows, int64_t cols) {
+  KernelBuilder kb("column sum affine");
+  const Size r = Size::Const(rows), c = Size::Const(cols);
+  const Buffer x = kb.AddBuffer(ScalarType::kFloat32, Access::kRead, r * c);
+  const Buffer w = kb.AddBuffer(ScalarType::kBFloat16, Access::kRead, c);
+  const Buffer running = kb.AddBuffer(ScalarType::kFloat32, Access::kRead, c);
+  const Buffer out = kb.AddBuffer(ScalarType::kFloat32, Access::kWrite, c);
+  const Var col = kb.AddOuter(c), row = kb.AddReduce(r);
+  const Accumulator sum = kb.AddAccumulator(AccKind::kSum, ScalarType::kFloat32);
+  const Index at = MakeIndex(Size(), {{col, Size::Const(1)}});
+  kb.BeginPhase();
+  kb.Add(Accumulate(sum, Load(x, MakeIndex(Size(), {{row, c}, {col, Size::Const(1)}}))));
+  kb.BeginBody();
+  kb.Add(Store(out, at, Add(Mul(AccRead(sum, AccField::kValue), Cast(ScalarType::kFloat32, Load(w, at))),
+                            Load(running, at))));
+  return kb.Finish();
+}
+
 // softmax(x) + x: phase 1 reads x outside exp(x - max) too, so the cache keeps x (no exp reuse).
 absl::StatusOr<Kernel> SoftmaxPlusInput(int64_t cols) {
   KernelBuilder kb("softmax plus input");
@@ -212,6 +233,8 @@ std::vector<Case> Cases() {
   // Last: the cases share one random stream, and column_normalize's data divides by sums near zero.
   c.push_back({"stride_split_phases", StrideSplitPhases(7, 64), {3}});
   c.push_back({"stride_split_phases_odd_misaligned", StrideSplitPhases(5, 37), {2}, true});
+  c.push_back({"column_sum_affine_vec4", ColumnSumAffine(100, 512), {}});
+  c.push_back({"column_sum_affine_odd_misaligned", ColumnSumAffine(33, 70), {}, true});
   return c;
 }
 

@@ -146,6 +146,10 @@ std::string CudaKernelEmitter::LoadCode(const Buffer& b, const std::string& inde
 std::string CudaKernelEmitter::LoadExprCode(const ExprNode& e) {
   if (!e.args.empty()) return CpuKernelEmitter::LoadExprCode(e);  // masked: scalar, uncached
   const std::string key = AccessKey(e.buffer, e.index);
+  if (body_lane_ >= 0) {
+    auto pf = prefetched_.find(key);
+    if (pf != prefetched_.end()) return Widen(e.buffer, absl::StrCat(pf->second, "[", body_lane_, "]"));
+  }
   if (tiled_) {
     auto tile = tiles_.find(key);
     if (tile != tiles_.end()) return absl::StrCat(tile->second, "[kiln_xl][kiln_i]");
