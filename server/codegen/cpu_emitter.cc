@@ -130,19 +130,23 @@ std::string CpuKernelEmitter::ParallelPragma(const Size& work) {
                       " >= ", options_.parallel_threshold, ")");
 }
 
-void CpuKernelEmitter::EmitDecompose(const std::string& unit, int num_dims) {
-  if (num_dims == 0) return;
-  if (num_dims == 1) {
-    w_.Linef("const idx_t o0 = ", unit, ";");
+void CpuKernelEmitter::EmitDecompose(const std::string& unit, int num_dims, const std::vector<int>& skip) {
+  std::vector<int> dims;
+  for (int i = 0; i < num_dims; ++i) {
+    if (std::find(skip.begin(), skip.end(), i) == skip.end()) dims.push_back(i);
+  }
+  if (dims.empty()) return;
+  if (dims.size() == 1) {
+    w_.Linef("const idx_t o", dims[0], " = ", unit, ";");
     return;
   }
   w_.Linef("idx_t kiln_rest = ", unit, ";");
-  for (int i = num_dims - 1; i >= 1; --i) {
-    const std::string e = SizeCode(k_.outer[i]);
-    w_.Linef("const idx_t o", i, " = kiln_rest % ", e, ";");
+  for (size_t j = dims.size() - 1; j >= 1; --j) {
+    const std::string e = SizeCode(k_.outer[dims[j]]);
+    w_.Linef("const idx_t o", dims[j], " = kiln_rest % ", e, ";");
     w_.Linef("kiln_rest /= ", e, ";");
   }
-  w_.Line("const idx_t o0 = kiln_rest;");
+  w_.Linef("const idx_t o", dims[0], " = kiln_rest;");
 }
 
 void CpuKernelEmitter::EmitPointwiseLoops() {

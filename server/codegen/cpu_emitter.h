@@ -144,7 +144,9 @@ class CpuKernelEmitter {
   void EmitSoftmaxTwoPass(const SoftmaxTwoPass& tp);
   // In an element scope of phase `p`: earlier two-pass phases' exp(x - max) read their buffer.
   void SeedExpReuse(size_t p);
-  void EmitDecompose(const std::string& unit, int num_dims);
+  // const idx_t o<i> for the outer dims i < num_dims but those in `skip`, from the flat index
+  // `unit` over them (the last varies fastest).
+  void EmitDecompose(const std::string& unit, int num_dims, const std::vector<int>& skip = {});
   std::string ParallelPragma(const kernel::Size& work);
 
   const kernel::Kernel& k_;

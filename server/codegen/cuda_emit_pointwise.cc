@@ -79,11 +79,7 @@ void CudaKernelEmitter::EmitPointwise() {
                        "static_cast<idx_t>(blockDim.x))"));
   if (last > 0) {
     w_.Line("const idx_t kiln_c = kiln_u % kiln_chunks;");
-    if (unrolled.empty()) {
-      EmitDecompose("kiln_u / kiln_chunks", last);
-    } else {
-      EmitDecomposeExcept("kiln_u / kiln_chunks", last, unrolled);
-    }
+    EmitDecompose("kiln_u / kiln_chunks", last, unrolled);
   } else {
     w_.Line("const idx_t kiln_c = kiln_u;");
   }
@@ -158,21 +154,6 @@ std::vector<int> CudaKernelEmitter::UnrolledPointDims() const {
     points *= *e;
   }
   return dims;
-}
-
-void CudaKernelEmitter::EmitDecomposeExcept(const std::string& unit, int num_dims, const std::vector<int>& skip) {
-  std::vector<int> dims;
-  for (int i = 0; i < num_dims; ++i) {
-    if (std::find(skip.begin(), skip.end(), i) == skip.end()) dims.push_back(i);
-  }
-  if (dims.empty()) return;
-  w_.Linef("idx_t kiln_rest = ", unit, ";");
-  for (size_t j = dims.size(); j-- > 1;) {
-    const std::string e = SizeCode(k_.outer[dims[j]]);
-    w_.Linef("const idx_t o", dims[j], " = kiln_rest % ", e, ";");
-    w_.Linef("kiln_rest /= ", e, ";");
-  }
-  w_.Linef("const idx_t o", dims[0], " = kiln_rest;");
 }
 
 bool CudaKernelEmitter::EmitTiled() {

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -417,26 +418,23 @@ void CudaKernelEmitter::EmitColumnLoop(const std::vector<Stmt>& stmts, const Vec
 
 void CudaKernelEmitter::EmitBodyPrefetch(int lanes) {
   prefetched_.clear();
-  std::vector<const ExprNode*> loads;
+  std::vector<std::pair<const ExprNode*, std::string>> loads;  // (load, its array)
   for (const ExprNode* l : LoadsOf(k_.body)) {
     if (!l->args.empty()) continue;  // masked: where it reads depends on the mask
     if (l->buffer.access != kernel::Access::kRead) continue;  // the kernel writes it too
     const std::string key = AccessKey(l->buffer, l->index);
     if (prefetched_.count(key) > 0 || prefetched_.size() >= kMaxBodyPrefetch) continue;
-    prefetched_[key] = absl::StrCat("kiln_pf", prefetched_.size());
-    loads.push_back(l);
+    const std::string& name = prefetched_[key] = absl::StrCat("kiln_pf", prefetched_.size());
+    loads.emplace_back(l, name);
   }
   if (loads.empty()) return;
-  for (const ExprNode* l : loads) {
-    w_.Linef(StorageType(l->buffer.dtype), " ", prefetched_[AccessKey(l->buffer, l->index)], "[", lanes, "];");
-  }
+  for (const auto& [l, name] : loads) w_.Linef(StorageType(l->buffer.dtype), " ", name, "[", lanes, "];");
   w_.Open("if (kiln_active && kiln_lane == 0)");
   for (int j = 0; j < lanes; ++j) {
     w_.Open("");
     if (lanes > 1) w_.Linef("const idx_t o", k_.outer.size() - 1, " = kiln_ob + ", j, ";");
-    for (const ExprNode* l : loads) {
-      w_.Linef(prefetched_[AccessKey(l->buffer, l->index)], "[", j, "] = b", l->buffer.index, "[",
-               IndexCode(l->index), "];");
+    for (const auto& [l, name] : loads) {
+      w_.Linef(name, "[", j, "] = b", l->buffer.index, "[", IndexCode(l->index), "];");
     }
     w_.Close();
   }

@@ -215,7 +215,6 @@ class CudaKernelEmitter : public CpuKernelEmitter {
   std::string GlobalThread() const;
   void EmitPointwise();
   std::vector<int> UnrolledPointDims() const;
-  void EmitDecomposeExcept(const std::string& unit, int num_dims, const std::vector<int>& skip);
   // Loads contiguous along o{k-2} (y) but strided along the innermost o{k-1} (x), where the
   // stores are contiguous: a block handles a kTile x kTileX tile of (y, x); each such load is
   // staged through a padded shared tile (warps read it coalesced along y), then every thread
@@ -234,13 +233,13 @@ class CudaKernelEmitter : public CpuKernelEmitter {
   // kColumn: 32-bit words per point that a thread keeps: its accumulators' states plus one per
   // distinct load of the phases (a lane's widened value), for the register budget of a block.
   int ColumnWords() const;
-  // kColumn with column_vec_ > 1, in a lane's scope: the last outer variable and a reference to
-  // the lane's element of each accumulator array (kiln_acc<id>[lane]) named as the scalar
-  // accumulator, so that statements emit as in the scalar layout.
   // Column kernels: the body's loads (a batch norm's running statistics and weight), which read
   // no accumulator, into registers before the rows: after the all-reduces' barriers each was one
   // more memory round trip on the kernel's path (0.4-2 us of a 4-8 us batch norm merge, H200).
   void EmitBodyPrefetch(int lanes);
+  // kColumn with column_vec_ > 1, in a lane's scope: the last outer variable and a reference to
+  // the lane's element of each accumulator array (kiln_acc<id>[lane]) named as the scalar
+  // accumulator, so that statements emit as in the scalar layout.
   void DeclareColumnLane(const std::string& value, int lane);
   // kColumn: a phase's loop over the thread's rows (kiln_r), under kiln_active; vector lanes when
   // plan.width > 1 (its accesses as vectors, the rest scalar per lane).

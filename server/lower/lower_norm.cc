@@ -136,7 +136,8 @@ namespace {
 // too, over N * S * C points, and N * C (2048 at ResNet-50's first stage, batch 32) cannot fill
 // 132 SMs with blocks that read whole 128-byte lines: on GPUs S is the smallest divisor of H that
 // gives SampleSplit's points (32768 forward, 8192 backward), unless a partial would keep fewer
-// than 256 elements (then the largest S that keeps them). CPUs take S = 1 (their rows spread over the cores as well).
+// than 256 elements (then the largest S that keeps them). CPUs take S = 1 (their rows spread over
+// the cores as well).
 bool SplitsPerSample(const std::vector<int64_t>& sizes) {
   if (sizes.size() < 3 || sizes[0] < 2) return false;
   int64_t spatial = 1;
