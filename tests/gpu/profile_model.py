@@ -12,8 +12,10 @@ Examples (on the GPU machine, after tests/gpu/run_on_gpu.sh installed the client
 """
 
 import argparse
+import collections
 import copy
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -60,6 +62,57 @@ def host_profile(backend, run, steps, top):
     lines = out.getvalue().splitlines()
     start = next((i for i, line in enumerate(lines) if line.strip().startswith("ncalls")), 0)
     print("\n".join(line[:160] for line in lines[max(0, start - 3):]))
+
+
+def timeline_report(backend, run, steps, top):
+    """Where the GPU sits idle during `steps` steps, and what the host asked of the CUDA runtime
+    meanwhile: a torch.profiler trace with CPU and CUDA activities. Prints the GPU's busy and idle
+    time per step, the longest idle gaps with the GPU work on either side of each, and the CUDA
+    runtime and driver calls (count and host us per step; a synchronizing call, or a cudaMalloc /
+    cudaFree, inside a step is what makes a fast GPU wait for a slow host). The CPU activity adds
+    host overhead of its own, so the step is slower than untraced."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            run()
+        torch.cuda.synchronize()
+    gpu, api = [], collections.defaultdict(lambda: [0, 0.0])
+    runtime_call = re.compile(r"^cu(da)?[A-Z]")
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA:
+            gpu.append((ev.time_range.start, ev.time_range.end, ev.name))
+        elif runtime_call.match(ev.name):
+            api[ev.name][0] += 1
+            api[ev.name][1] += ev.time_range.end - ev.time_range.start
+    print(f"\n## {backend}: GPU timeline of {steps} steps (torch.profiler, CPU and CUDA "
+          "activities)")
+    if not gpu:
+        print("no GPU activity recorded")
+        return
+    gpu.sort()
+    busy, gaps = 0.0, []
+    cur_start, cur_end, cur_last = gpu[0][0], gpu[0][1], gpu[0][2]
+    for start, end, name in gpu[1:]:
+        if start > cur_end:
+            busy += cur_end - cur_start
+            gaps.append((start - cur_end, cur_last, name))
+            cur_start = start
+        if end >= cur_end:
+            cur_end, cur_last = end, name
+    busy += cur_end - cur_start
+    span = cur_end - gpu[0][0]
+    print(f"first to last GPU activity {span / steps:.0f} us per step: busy {busy / steps:.0f} us, "
+          f"idle {(span - busy) / steps:.0f} us in {len(gaps) / steps:.0f} gaps per step "
+          f"({sum(1 for g in gaps if g[0] >= 20) / steps:.1f} of them 20 us or longer)")
+    gm.table(["idle us", "after", "before"],
+             [[f"{g[0]:.1f}", short(g[1], 60), short(g[2], 60)] for g in sorted(gaps, reverse=True)[:top]])
+    print()
+    gm.table(["runtime call", "calls per step", "host us per step"],
+             [[name, f"{v[0] / steps:.1f}", f"{v[1] / steps:.1f}"]
+              for name, v in sorted(api.items(), key=lambda kv: -kv[1][1])[:top]])
 
 
 def find_kilnctl(kilnd_binary):
@@ -230,6 +283,9 @@ def main():
     ap.add_argument("--cprofile", type=int, default=0, metavar="STEPS",
                     help="also run STEPS steps of each backend under cProfile and print the host "
                          "functions taking the most time (tottime)")
+    ap.add_argument("--timeline", type=int, default=0, metavar="STEPS",
+                    help="also trace STEPS steps of each backend with CPU and CUDA activities and print the GPU's "
+                         "idle gaps and the CUDA runtime calls (synchronizations, allocations) per step")
     ap.add_argument("--sources-out", default=None, metavar="DIR",
                     help="write each kiln cache entry (plan and generated source, `kilnctl show --source`) "
                          "to DIR/<key>.txt; needs kilnctl beside kilnd")
@@ -288,6 +344,8 @@ def main():
                     reports.append((b, kernels, lambda name, calls, gb=gb: gb[name] * calls if name in gb else None))
                 if args.cprofile:
                     host_profile(b, run, args.cprofile, args.top)
+                if args.timeline:
+                    timeline_report(b, run, args.timeline, args.top)
                 if b == "kiln":
                     print("kiln: " + gm.facts_line(gm.kiln_facts()))
                     if args.sources_out:
