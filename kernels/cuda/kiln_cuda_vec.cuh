@@ -3,7 +3,8 @@
 
 // Vector loads and stores for generated CUDA kernels: Vec<T, N> is N elements aligned to their
 // total size (2 to 16 bytes), so one load/store instruction moves it (ld.global.v4.f32 for
-// Vec<float, 4>, ld.global.v4.u32 for Vec<uint16_t, 8>...). The emitter uses them only after a
+// Vec<float, 4>, ld.global.v4.u32 for Vec<uint16_t, 8>...); load_vec_if for a masked load whose
+// mask holds for the whole vector or none of it. The emitter uses them only after a
 // run-time alignment check (aligned()), with a scalar path for the rest. misalign(p, n): how many
 // elements p lies past an n-element boundary (rows whose length is not a multiple of the width
 // start their vectors that many elements early: the first and last chunk of a row go scalar).
@@ -39,6 +40,23 @@ template <typename T, int N> struct alignas(sizeof(T) * N) Vec {
 
 template <int N, typename T> KILN_DEV Vec<T, N> load_vec(const T* p) {
   return *reinterpret_cast<const Vec<T, N>*>(p);
+}
+// load_vec_if<N>(m, p): load_vec<N>(p) where m holds, else zeros (p is not read). The vector moves
+// as 32-bit words into zeroed registers, so a load of 16-bit lanes is one predicated load, not a
+// merge of halves into a zeroed vector that waits for the load where it is issued.
+template <int N, typename T> KILN_DEV Vec<T, N> load_vec_if(bool m, const T* p) {
+  constexpr int kBytes = static_cast<int>(sizeof(T)) * N;
+  if constexpr (kBytes % 4 == 0) {
+    Vec<unsigned int, kBytes / 4> w{};
+    if (m) w = *reinterpret_cast<const Vec<unsigned int, kBytes / 4>*>(p);
+    Vec<T, N> v;
+    KILN_CUDA_MEMCPY(&v, &w, kBytes);
+    return v;
+  } else {
+    Vec<T, N> v{};
+    if (m) v = *reinterpret_cast<const Vec<T, N>*>(p);
+    return v;
+  }
 }
 template <int N, typename T> KILN_DEV void store_vec(T* p, const Vec<T, N>& v) {
   *reinterpret_cast<Vec<T, N>*>(p) = v;

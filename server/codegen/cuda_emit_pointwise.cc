@@ -51,7 +51,7 @@ void CudaKernelEmitter::EmitPointwise() {
   if (EmitTiled()) return;
   const int last = k - 1;
   const Var x{VarKind::kOuter, last};
-  const VecPlan plan = PlanVector(k_.body, x);
+  const VecPlan plan = PlanVector(k_.body, x, 8, /*masked_loads=*/true);
   const int width = plan.width;
   const std::vector<int> unrolled = UnrolledPointDims();
   int64_t points_per_unit = 1;

@@ -21,6 +21,12 @@ namespace kiln::codegen::internal {
 
 namespace {
 
+// Masked loads move as vectors only in vectors of at least this many lanes. Over 2 lanes, the
+// scalar loads measured faster on the H200 (max_pool2d's forward at 2 bf16 lanes: 58 us scalar,
+// 70 as vectors; its backward at 2 lanes: 44 and 46 us); over 8 bf16 lanes (a cat along rows),
+// vectors: 4.6 us against 6.2 warm, 7.9 against 8.3 cold (session 29).
+constexpr int kMinMaskedVectorLanes = 4;
+
 using Accesses = std::vector<std::pair<Buffer, Index>>;
 
 // The unmasked loads and the stores of `stmts` whose index `keep` admits, and the vector width
@@ -42,14 +48,45 @@ int VectorCandidates(const std::vector<Stmt>& stmts, Keep keep, Accesses* loads,
 
 }  // namespace
 
-VecPlan CudaKernelEmitter::PlanVector(const std::vector<Stmt>& stmts, const Var& x, int max_width) {
+VecPlan CudaKernelEmitter::PlanVector(const std::vector<Stmt>& stmts, const Var& x, int max_width,
+                                      bool masked_loads) {
   VecPlan plan;
   if (!cuda_.vectorize) return plan;
   Accesses loads, stores;
-  const int width = std::min(max_width, VectorCandidates(
-      stmts, [&](const Index& index) { return ConstStride(index, x) == absl::optional<int64_t>(1); }, &loads,
-      &stores));
+  auto contiguous = [&](const Index& index) {
+    return ConstStride(index, x) == absl::optional<int64_t>(1);
+  };
+  int width = VectorCandidates(stmts, contiguous, &loads, &stores);
+  // Masked loads whose masks hold for the whole vector or for none of it (a window's bounds, a
+  // cat's part, a pad's border along other dims): their masks by access (an access also read
+  // unmasked needs none).
+  std::map<std::string, std::vector<Expr>> masks;
+  Accesses masked;
+  if (masked_loads) {
+    std::set<std::string> unmasked;
+    for (const auto& [b, i] : loads) unmasked.insert(AccessKey(b, i));
+    int masked_lanes = 8;
+    for (const ExprNode* l : LoadsOf(stmts)) {
+      if (l->args.size() != 1 || !contiguous(l->index) || !UniformAlong(l->args[0], x)) continue;
+      const std::string key = AccessKey(l->buffer, l->index);
+      if (unmasked.count(key)) continue;
+      if (!masks.count(key)) masked.emplace_back(l->buffer, l->index);
+      std::vector<Expr>& mine = masks[key];
+      if (std::find(mine.begin(), mine.end(), l->args[0]) == mine.end()) mine.push_back(l->args[0]);
+      masked_lanes = std::min(masked_lanes, 16 / kernel::ScalarTypeBytes(l->buffer.dtype));
+    }
+    // Their elements bound the width as unmasked ones do: the scalar lanes of a wider vector
+    // would read them strided across a warp (max_pool2d's backward, its int64 indices under 8
+    // bf16 lanes: 149 us; under 2: 44 us).
+    if (!masks.empty()) width = width == 0 ? masked_lanes : std::min(width, masked_lanes);
+  }
+  width = std::min(max_width, width);
   if (width <= 1) return plan;
+  if (width >= kMinMaskedVectorLanes) {
+    loads.insert(loads.end(), masked.begin(), masked.end());
+  } else {
+    masks.clear();
+  }
   std::set<std::string> checks;
   auto admit = [&](const Buffer& b, const Index& index, std::map<std::string, VecAccess>* into,
                    const char* prefix) {
@@ -74,7 +111,9 @@ VecPlan CudaKernelEmitter::PlanVector(const std::vector<Stmt>& stmts, const Var&
     mine.push_back(absl::StrCat("kiln_cuda::aligned(b", b.index, ", ",
                                 width * kernel::ScalarTypeBytes(b.dtype), ")"));
     for (std::string& c : mine) checks.insert(std::move(c));
-    (*into)[key] = VecAccess{b, index, absl::StrCat(prefix, into->size())};
+    auto m = masks.find(key);
+    (*into)[key] = VecAccess{b, index, absl::StrCat(prefix, into->size()),
+                             m == masks.end() ? std::vector<Expr>() : m->second};
   };
   for (const auto& [b, i] : loads) admit(b, i, &plan.loads, "kiln_lv");
   for (const auto& [b, i] : stores) admit(b, i, &plan.stores, "kiln_sv");
@@ -167,6 +206,7 @@ void CudaKernelEmitter::EmitVectorLanes(const std::vector<Stmt>& stmts, const Ve
   }
   w_.Open("");
   w_.Linef("const idx_t ", kernel::VarName(x), " = ", base, ";");
+  PushScope();  // the masks of masked vector loads, which the lanes test again
   for (const auto& [key, a] : plan.loads) {
     auto cached = cache_.find(key);
     if (smem_vec_ && cached != cache_.end()) {
@@ -175,14 +215,24 @@ void CudaKernelEmitter::EmitVectorLanes(const std::vector<Stmt>& stmts, const Ve
                " = ", cached->second.name, "[kiln_e * ", group_, " + kiln_lane];");
       continue;
     }
+    if (a.masks.empty()) {
+      w_.Linef("const kiln_cuda::Vec<", StorageType(a.buffer.dtype), ", ", plan.width, "> ", a.name,
+               " = kiln_cuda::load_vec<", plan.width, ">(b", a.buffer.index, " + (",
+               IndexCode(a.index), "));");
+      continue;
+    }
+    // Read when one of its masks holds (they hold for every lane or for none), else zeros.
+    std::vector<std::string> conds;
+    for (const Expr& m : a.masks) conds.push_back(ExprCode(m));
     w_.Linef("const kiln_cuda::Vec<", StorageType(a.buffer.dtype), ", ", plan.width, "> ", a.name,
-             " = kiln_cuda::load_vec<", plan.width, ">(b", a.buffer.index, " + (",
-             IndexCode(a.index), "));");
+             " = kiln_cuda::load_vec_if<", plan.width, ">(", absl::StrJoin(conds, " || "), ", b",
+             a.buffer.index, " + (", IndexCode(a.index), "));");
   }
   for (const auto& [key, a] : plan.stores) {
     w_.Linef("kiln_cuda::Vec<", StorageType(a.buffer.dtype), ", ", plan.width, "> ", a.name, ";");
   }
   if (EmitPackedMax(stmts, plan)) {
+    PopScope();
     w_.Close();
     return;
   }
@@ -198,6 +248,7 @@ void CudaKernelEmitter::EmitVectorLanes(const std::vector<Stmt>& stmts, const Ve
     w_.Linef("kiln_cuda::store_vec<", plan.width, ">(b", a.buffer.index, " + (", IndexCode(a.index),
              "), ", a.name, ");");
   }
+  PopScope();
   w_.Close();
 }
 

@@ -493,6 +493,27 @@ TEST(CudaEmitter, Bf16UsesEightWideVectorsAndBitConversions) {
   EXPECT_TRUE(absl::StrContains(src, "using idx_t = int32_t;"));
 }
 
+// Loads masked by a test that holds for a whole vector or for none of it (a window's bounds, a
+// cat's part: not the vector's dim) bound the vector's width as unmasked loads do (int64: 2
+// lanes), and in vectors of 4 lanes or more they move as vectors too, read when the test holds
+// and zero otherwise; the lanes test the mask again.
+TEST(CudaEmitter, MaskedLoadsUniformAlongTheVectorSetItsWidthAndMoveAsVectors) {
+  CudaLaunch launch;
+  std::string src = EmitOne(ct::MaskedWindowGather(6, 64), true, &launch);
+  EXPECT_EQ(launch.layout, CudaLayout::kPointwise);
+  EXPECT_EQ(launch.vector_width, 2) << src;  // 8 bf16 lanes would read the int64s strided
+  EXPECT_EQ(Count(src, "kiln_cuda::load_vec_if<"), 0) << src;  // 2 lanes: scalar loads
+  EXPECT_EQ(Count(src, "kiln_cuda::store_vec<2>(b2"), 1) << src;
+  src = EmitOne(ct::CatRowsBf16(5, 7, 64), true, &launch);
+  EXPECT_EQ(launch.vector_width, 8) << src;
+  EXPECT_EQ(Count(src, "kiln_cuda::Vec<uint16_t, 8> kiln_lv"), 2) << src;
+  EXPECT_EQ(Count(src, "kiln_cuda::load_vec_if<8>("), 2) << src;
+  EXPECT_EQ(Count(src, "kiln_cuda::load_vec<8>("), 0) << src;
+  EXPECT_TRUE(absl::StrContains(src, "kiln_cuda::aligned(b0, 16)")) << src;
+  // The scalar path (misaligned pointers, tails) keeps its masked scalar loads.
+  EXPECT_EQ(Count(src, " ? kiln_cuda::bf16_to_f32(b0["), 1) << src;
+}
+
 // bf16 rows as torch graphs give them (cast<f32>(load) folded, cast<bf16> stored): the widened
 // load is the row cache's value, so the two-pass max/sum and the exp reuse work as in f32 (no
 // second register array, one exp per element), and the store narrows once (no round_bf16).

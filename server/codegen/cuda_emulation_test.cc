@@ -235,6 +235,10 @@ std::vector<Case> Cases() {
   c.push_back({"stride_split_phases_odd_misaligned", StrideSplitPhases(5, 37), {2}, true});
   c.push_back({"column_sum_affine_vec4", ColumnSumAffine(100, 512), {}});
   c.push_back({"column_sum_affine_odd_misaligned", ColumnSumAffine(33, 70), {}, true});
+  c.push_back({"masked_window_gather", ct::MaskedWindowGather(6, 64), {3}});
+  c.push_back({"masked_window_gather_odd_misaligned", ct::MaskedWindowGather(5, 37), {2}, true});
+  c.push_back({"cat_rows_bf16", ct::CatRowsBf16(3, 4, 64), {3}});
+  c.push_back({"cat_rows_bf16_odd_misaligned", ct::CatRowsBf16(2, 3, 37), {2}, true});
   return c;
 }
 

@@ -54,6 +54,15 @@ bool ReadsVarValue(const std::vector<Stmt>& stmts, const Var& var) {
   return false;
 }
 
+bool UniformAlong(const Expr& e, const Var& x) {
+  if (e->kind == ExprKind::kLoad || e->kind == ExprKind::kAccRead) return false;
+  if (e->kind == ExprKind::kLoopVar && e->var == x) return false;
+  for (const Expr& a : e->args) {
+    if (!UniformAlong(a, x)) return false;
+  }
+  return true;
+}
+
 Size Product(const std::vector<Size>& sizes) {
   Size p = Size::Const(1);
   for (const Size& s : sizes) p = p * s;
@@ -144,8 +153,16 @@ std::string CudaKernelEmitter::LoadCode(const Buffer& b, const std::string& inde
 }
 
 std::string CudaKernelEmitter::LoadExprCode(const ExprNode& e) {
-  if (!e.args.empty()) return CpuKernelEmitter::LoadExprCode(e);  // masked: scalar, uncached
   const std::string key = AccessKey(e.buffer, e.index);
+  if (!e.args.empty()) {  // masked: uncached; a lane of a vector load when the plan has one
+    if (plan_ != nullptr && lane_ >= 0) {
+      auto vec = plan_->loads.find(key);
+      if (vec != plan_->loads.end()) {
+        return WidenLane(e.buffer, vec->second.name, lane_, plan_->width);
+      }
+    }
+    return CpuKernelEmitter::LoadExprCode(e);
+  }
   if (body_lane_ >= 0) {
     auto pf = prefetched_.find(key);
     if (pf != prefetched_.end()) return Widen(e.buffer, absl::StrCat(pf->second, "[", body_lane_, "]"));

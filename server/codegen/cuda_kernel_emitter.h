@@ -62,6 +62,10 @@ absl::optional<int64_t> ConstStride(const Index& index, const Var& var);
 // Whether a value of `stmts` reads `var` itself (a kLoopVar node), not only through indices.
 bool ReadsVarValue(const std::vector<Stmt>& stmts, const Var& var);
 
+// Whether `e` is the same for every value of `x`: it reads no memory and no accumulator, and no
+// loop variable but through other variables' values.
+bool UniformAlong(const Expr& e, const Var& x);
+
 // The load nodes of the values of `stmts` outside the subtrees of `skip`, each node once, in
 // post-order (masks first).
 std::vector<const ExprNode*> LoadsOf(const std::vector<Stmt>& stmts, const std::set<const ExprNode*>& skip = {});
@@ -79,6 +83,10 @@ struct VecAccess {
   Buffer buffer;
   Index index;
   std::string name;
+  // A load only masked loads of the access read (PlanVector's masked_loads): their masks, none of
+  // which depends on the vector's variable, so that the whole vector is read when one holds (and
+  // is zero otherwise). Empty: read unconditionally.
+  std::vector<Expr> masks;
 };
 
 // The vector accesses of a statement list along `x`: width (1: none) and the accesses that may
@@ -174,8 +182,11 @@ class CudaKernelEmitter : public CpuKernelEmitter {
   };
 
   // ---- vector plans (cuda_emit_vectors.cc) ----
-  // At most `max_width` lanes (16 bytes of the widest element: at most 8).
-  VecPlan PlanVector(const std::vector<Stmt>& stmts, const Var& x, int max_width = 8);
+  // At most `max_width` lanes (16 bytes of the widest element: at most 8). masked_loads: masked
+  // loads whose mask does not depend on `x` (a window or a padding test over other dims) are
+  // vector loads too, read when their mask holds.
+  VecPlan PlanVector(const std::vector<Stmt>& stmts, const Var& x, int max_width = 8,
+                     bool masked_loads = false);
   // Rows of a static length that is not a multiple of the vector width (a 50257 vocabulary): the
   // unmasked accesses contiguous along `x` whose distance to the anchor (the first of them, a load
   // when there is one) is a multiple of the width in every row (constant offset and strides), and

@@ -163,4 +163,47 @@ absl::StatusOr<Kernel> DynamicInPlace() {
   return kb.Finish();
 }
 
+// max_pool2d's backward in one dim: both loads masked by a test of h alone.
+absl::StatusOr<Kernel> MaskedWindowGather(int64_t rows, int64_t cols) {
+  KernelBuilder kb("masked window gather");
+  const Size n = kb.AddScalar(), r = Size::Const(rows), c = Size::Const(cols);
+  const Buffer at = kb.AddBuffer(ScalarType::kInt64, Access::kRead, n * r * c);
+  const Buffer g = kb.AddBuffer(ScalarType::kBFloat16, Access::kRead, n * r * c);
+  const Buffer out = kb.AddBuffer(ScalarType::kBFloat16, Access::kWrite, n * r * c);
+  const Var b = kb.AddOuter(n), h = kb.AddOuter(r), j = kb.AddOuter(c);
+  ExprOr sum = ConstFloat(ScalarType::kFloat32, 0.0);
+  for (int64_t d = 0; d < 2; ++d) {
+    const ExprOr mask = Binary(BinaryOp::kGe, LoopVar(h), ConstInt(ScalarType::kInt64, d));
+    const Index idx = MakeIndex(Size::Const(-d * cols), {{b, r * c}, {h, c}, {j, Size::Const(1)}});
+    const ExprOr hit = Binary(BinaryOp::kLogicalAnd, mask,
+                              Binary(BinaryOp::kGe, LoadMasked(at, idx, mask),
+                                     ConstInt(ScalarType::kInt64, 0)));
+    sum = Add(sum, Select(hit, Cast(ScalarType::kFloat32, LoadMasked(g, idx, mask)),
+                          ConstFloat(ScalarType::kFloat32, 0.0)));
+  }
+  kb.Add(Store(out, ContiguousIndex({b, h, j}, {n, r, c}), Cast(ScalarType::kBFloat16, sum)));
+  return kb.Finish();
+}
+
+
+absl::StatusOr<Kernel> CatRowsBf16(int64_t rows_a, int64_t rows_c, int64_t cols) {
+  KernelBuilder kb("cat rows bf16");
+  const Size n = kb.AddScalar(), ra = Size::Const(rows_a), rc = Size::Const(rows_c);
+  const Size c = Size::Const(cols), rows = Size::Const(rows_a + rows_c);
+  const Buffer a = kb.AddBuffer(ScalarType::kBFloat16, Access::kRead, n * ra * c);
+  const Buffer b = kb.AddBuffer(ScalarType::kBFloat16, Access::kRead, n * rc * c);
+  const Buffer out = kb.AddBuffer(ScalarType::kBFloat16, Access::kWrite, n * rows * c);
+  const Var i = kb.AddOuter(n), t = kb.AddOuter(rows), j = kb.AddOuter(c);
+  const ExprOr in_a = Binary(BinaryOp::kLt, LoopVar(t), ConstInt(ScalarType::kInt64, rows_a));
+  const ExprOr in_b = Binary(BinaryOp::kGe, LoopVar(t), ConstInt(ScalarType::kInt64, rows_a));
+  const Index at_a = MakeIndex(Size(), {{i, ra * c}, {t, c}, {j, Size::Const(1)}});
+  const Index at_b =
+      MakeIndex(Size::Const(-rows_a * cols), {{i, rc * c}, {t, c}, {j, Size::Const(1)}});
+  const ExprOr v = Select(in_a, Cast(ScalarType::kFloat32, LoadMasked(a, at_a, in_a)),
+                          Cast(ScalarType::kFloat32, LoadMasked(b, at_b, in_b)));
+  kb.Add(Store(out, ContiguousIndex({i, t, j}, {n, rows, c}),
+               Cast(ScalarType::kBFloat16, Mul(v, ConstFloat(ScalarType::kFloat32, 2.0)))));
+  return kb.Finish();
+}
+
 }  // namespace kiln::codegen::testing

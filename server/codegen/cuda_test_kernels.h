@@ -36,6 +36,16 @@ absl::StatusOr<kernel::Kernel> SlicedRowSoftmax(kernel::ScalarType t, int64_t co
 // contiguous: a column reduction whose loads move along c as vectors where `channels` allows.
 absl::StatusOr<kernel::Kernel> ChannelsLastPartials(int64_t hw, int64_t channels);
 
+// out[b, h, j] = sum over d in {0, 1} of (h >= d && at[b, h - d, j] >= 0) ? g[b, h - d, j] : 0
+// over [n0, rows, cols], with int64 `at` and bf16 `g` and `out`: max_pool2d's backward in one
+// dim. Both loads are masked by a test of h alone; the int64 loads bound the vector to 2 lanes, in
+// which masked loads stay scalar.
+absl::StatusOr<kernel::Kernel> MaskedWindowGather(int64_t rows, int64_t cols);
+
+// torch.cat([a, c], 1) * 2 of bf16 a[n0, rows_a, cols] and c[n0, rows_c, cols]: two loads masked
+// by a test of the row alone, which move as 8-lane vectors along the columns.
+absl::StatusOr<kernel::Kernel> CatRowsBf16(int64_t rows_a, int64_t rows_c, int64_t cols);
+
 // x[n0, n1, n2] (f16, read-write) *= y[n1, n2] (f32), in place, every size dynamic.
 absl::StatusOr<kernel::Kernel> DynamicInPlace();
 
