@@ -41,9 +41,8 @@ template <typename T, int N> struct alignas(sizeof(T) * N) Vec {
 template <int N, typename T> KILN_DEV Vec<T, N> load_vec(const T* p) {
   return *reinterpret_cast<const Vec<T, N>*>(p);
 }
-// load_vec_if<N>(m, p): load_vec<N>(p) where m holds, else zeros (p is not read). The vector moves
-// as 32-bit words into zeroed registers, so a load of 16-bit lanes is one predicated load, not a
-// merge of halves into a zeroed vector that waits for the load where it is issued.
+// load_vec_if<N>(m, p): load_vec<N>(p) where m holds, else zeros (p is not read); the vector
+// moves as 32-bit words where its size allows (one predicated load into zeroed registers).
 template <int N, typename T> KILN_DEV Vec<T, N> load_vec_if(bool m, const T* p) {
   constexpr int kBytes = static_cast<int>(sizeof(T)) * N;
   if constexpr (kBytes % 4 == 0) {
