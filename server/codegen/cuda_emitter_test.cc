@@ -264,7 +264,7 @@ extern "C" __global__ void __launch_bounds__(1024) kiln_kernel_0(const float* __
     // phase 0
     if (kiln_vec) {
       if (kiln_active) {
-#pragma unroll 4
+#pragma unroll 8
         for (idx_t kiln_r = kiln_lane; kiln_r < 4096; kiln_r += 512) {
           const idx_t r0 = kiln_r;
           {
@@ -300,7 +300,7 @@ extern "C" __global__ void __launch_bounds__(1024) kiln_kernel_0(const float* __
     }
     else {
       if (kiln_active) {
-#pragma unroll 4
+#pragma unroll 8
         for (idx_t kiln_r = kiln_lane; kiln_r < 4096; kiln_r += 512) {
           const idx_t r0 = kiln_r;
           {
@@ -512,6 +512,10 @@ TEST(CudaEmitter, MaskedLoadsUniformAlongTheVectorSetItsWidthAndMoveAsVectors) {
   EXPECT_TRUE(absl::StrContains(src, "kiln_cuda::aligned(b0, 16)")) << src;
   // The scalar path (misaligned pointers, tails) keeps its masked scalar loads.
   EXPECT_EQ(Count(src, " ? kiln_cuda::bf16_to_f32(b0["), 1) << src;
+  // An access also loaded under a mask that reads the vector's dim stays scalar.
+  src = EmitOne(ct::OneAccessTwoMasks(8, 64), true, &launch);
+  EXPECT_EQ(launch.vector_width, 4) << src;
+  EXPECT_EQ(Count(src, "kiln_cuda::load_vec_if<"), 0) << src;
 }
 
 // bf16 rows as torch graphs give them (cast<f32>(load) folded, cast<bf16> stored): the widened
