@@ -63,13 +63,18 @@ VecPlan CudaKernelEmitter::PlanVector(const std::vector<Stmt>& stmts, const Var&
   std::map<std::string, std::vector<Expr>> masks;
   Accesses masked;
   if (masked_loads) {
-    std::set<std::string> unmasked;
+    std::set<std::string> unmasked, scalar;  // scalar: also loaded under a mask that varies along x
     for (const auto& [b, i] : loads) unmasked.insert(AccessKey(b, i));
+    for (const ExprNode* l : LoadsOf(stmts)) {
+      if (l->args.size() == 1 && !UniformAlong(l->args[0], x)) {
+        scalar.insert(AccessKey(l->buffer, l->index));
+      }
+    }
     int masked_lanes = 8;
     for (const ExprNode* l : LoadsOf(stmts)) {
-      if (l->args.size() != 1 || !contiguous(l->index) || !UniformAlong(l->args[0], x)) continue;
+      if (l->args.size() != 1 || !contiguous(l->index)) continue;
       const std::string key = AccessKey(l->buffer, l->index);
-      if (unmasked.count(key)) continue;
+      if (unmasked.count(key) || scalar.count(key)) continue;
       if (!masks.count(key)) masked.emplace_back(l->buffer, l->index);
       std::vector<Expr>& mine = masks[key];
       if (std::find(mine.begin(), mine.end(), l->args[0]) == mine.end()) mine.push_back(l->args[0]);

@@ -239,6 +239,7 @@ std::vector<Case> Cases() {
   c.push_back({"masked_window_gather_odd_misaligned", ct::MaskedWindowGather(5, 37), {2}, true});
   c.push_back({"cat_rows_bf16", ct::CatRowsBf16(3, 4, 64), {3}});
   c.push_back({"cat_rows_bf16_odd_misaligned", ct::CatRowsBf16(2, 3, 37), {2}, true});
+  c.push_back({"one_access_two_masks", ct::OneAccessTwoMasks(8, 64), {}});
   return c;
 }
 

@@ -206,4 +206,19 @@ absl::StatusOr<Kernel> CatRowsBf16(int64_t rows_a, int64_t rows_c, int64_t cols)
   return kb.Finish();
 }
 
+absl::StatusOr<Kernel> OneAccessTwoMasks(int64_t rows, int64_t cols) {
+  KernelBuilder kb("one access two masks");
+  const Size r = Size::Const(rows), c = Size::Const(cols);
+  const Buffer a = kb.AddBuffer(ScalarType::kFloat32, Access::kRead, r * c);
+  const Buffer out = kb.AddBuffer(ScalarType::kFloat32, Access::kWrite, r * c);
+  const Var t = kb.AddOuter(r), j = kb.AddOuter(c);
+  const Index at = ContiguousIndex({t, j}, {r, c});
+  const ExprOr top = Binary(BinaryOp::kLt, LoopVar(t), ConstInt(ScalarType::kInt64, rows / 2));
+  const ExprOr left = Binary(BinaryOp::kLt, LoopVar(j), ConstInt(ScalarType::kInt64, 3));
+  const ExprOr zero = ConstFloat(ScalarType::kFloat32, 0.0);
+  kb.Add(Store(out, at,
+               Add(Select(top, LoadMasked(a, at, top), zero), Select(left, LoadMasked(a, at, left), zero))));
+  return kb.Finish();
+}
+
 }  // namespace kiln::codegen::testing

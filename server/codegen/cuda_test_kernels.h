@@ -46,6 +46,11 @@ absl::StatusOr<kernel::Kernel> MaskedWindowGather(int64_t rows, int64_t cols);
 // by a test of the row alone, which move as 8-lane vectors along the columns.
 absl::StatusOr<kernel::Kernel> CatRowsBf16(int64_t rows_a, int64_t rows_c, int64_t cols);
 
+// out[t, j] = (t < rows / 2 ? a[t, j] : 0) + (j < 3 ? a[t, j] : 0) over f32 [rows, cols]: one
+// access loaded under two masks, of which only the first holds for whole vectors along j (so the
+// access stays a scalar load).
+absl::StatusOr<kernel::Kernel> OneAccessTwoMasks(int64_t rows, int64_t cols);
+
 // x[n0, n1, n2] (f16, read-write) *= y[n1, n2] (f32), in place, every size dynamic.
 absl::StatusOr<kernel::Kernel> DynamicInPlace();
 
