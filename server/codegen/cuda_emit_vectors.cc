@@ -63,15 +63,16 @@ VecPlan CudaKernelEmitter::PlanVector(const std::vector<Stmt>& stmts, const Var&
   std::map<std::string, std::vector<Expr>> masks;
   Accesses masked;
   if (masked_loads) {
+    const std::vector<const ExprNode*> all = LoadsOf(stmts);
     std::set<std::string> unmasked, scalar;  // scalar: also loaded under a mask that varies along x
     for (const auto& [b, i] : loads) unmasked.insert(AccessKey(b, i));
-    for (const ExprNode* l : LoadsOf(stmts)) {
+    for (const ExprNode* l : all) {
       if (l->args.size() == 1 && !UniformAlong(l->args[0], x)) {
         scalar.insert(AccessKey(l->buffer, l->index));
       }
     }
     int masked_lanes = 8;
-    for (const ExprNode* l : LoadsOf(stmts)) {
+    for (const ExprNode* l : all) {
       if (l->args.size() != 1 || !contiguous(l->index)) continue;
       const std::string key = AccessKey(l->buffer, l->index);
       if (unmasked.count(key) || scalar.count(key)) continue;
@@ -220,18 +221,16 @@ void CudaKernelEmitter::EmitVectorLanes(const std::vector<Stmt>& stmts, const Ve
                " = ", cached->second.name, "[kiln_e * ", group_, " + kiln_lane];");
       continue;
     }
-    if (a.masks.empty()) {
-      w_.Linef("const kiln_cuda::Vec<", StorageType(a.buffer.dtype), ", ", plan.width, "> ", a.name,
-               " = kiln_cuda::load_vec<", plan.width, ">(b", a.buffer.index, " + (",
-               IndexCode(a.index), "));");
-      continue;
-    }
-    // Read when one of its masks holds (they hold for every lane or for none), else zeros.
+    // A masked vector is read when one of its masks holds (they hold for every lane or for
+    // none), else zeros.
     std::vector<std::string> conds;
     for (const Expr& m : a.masks) conds.push_back(ExprCode(m));
+    const std::string load =
+        conds.empty() ? absl::StrCat("kiln_cuda::load_vec<", plan.width, ">(")
+                      : absl::StrCat("kiln_cuda::load_vec_if<", plan.width, ">(",
+                                     absl::StrJoin(conds, " || "), ", ");
     w_.Linef("const kiln_cuda::Vec<", StorageType(a.buffer.dtype), ", ", plan.width, "> ", a.name,
-             " = kiln_cuda::load_vec_if<", plan.width, ">(", absl::StrJoin(conds, " || "), ", b",
-             a.buffer.index, " + (", IndexCode(a.index), "));");
+             " = ", load, "b", a.buffer.index, " + (", IndexCode(a.index), "));");
   }
   for (const auto& [key, a] : plan.stores) {
     w_.Linef("kiln_cuda::Vec<", StorageType(a.buffer.dtype), ", ", plan.width, "> ", a.name, ";");

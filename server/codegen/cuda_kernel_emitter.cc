@@ -154,14 +154,15 @@ std::string CudaKernelEmitter::LoadCode(const Buffer& b, const std::string& inde
 
 std::string CudaKernelEmitter::LoadExprCode(const ExprNode& e) {
   const std::string key = AccessKey(e.buffer, e.index);
+  // The access's vector in the lanes of a vector plan (EmitVectorLanes), or none.
+  const VecAccess* vec = nullptr;
+  if (plan_ != nullptr && lane_ >= 0) {
+    auto it = plan_->loads.find(key);
+    if (it != plan_->loads.end()) vec = &it->second;
+  }
   if (!e.args.empty()) {  // masked: uncached; a lane of a vector load when the plan has one
-    if (plan_ != nullptr && lane_ >= 0) {
-      auto vec = plan_->loads.find(key);
-      if (vec != plan_->loads.end()) {
-        return WidenLane(e.buffer, vec->second.name, lane_, plan_->width);
-      }
-    }
-    return CpuKernelEmitter::LoadExprCode(e);
+    return vec != nullptr ? WidenLane(e.buffer, vec->name, lane_, plan_->width)
+                          : CpuKernelEmitter::LoadExprCode(e);
   }
   if (body_lane_ >= 0) {
     auto pf = prefetched_.find(key);
@@ -171,13 +172,7 @@ std::string CudaKernelEmitter::LoadExprCode(const ExprNode& e) {
     auto tile = tiles_.find(key);
     if (tile != tiles_.end()) return absl::StrCat(tile->second, "[kiln_xl][kiln_i]");
   }
-  std::string code;
-  if (plan_ != nullptr && lane_ >= 0) {
-    auto vec = plan_->loads.find(key);
-    if (vec != plan_->loads.end()) {
-      code = WidenLane(e.buffer, vec->second.name, lane_, plan_->width);
-    }
-  }
+  std::string code = vec != nullptr ? WidenLane(e.buffer, vec->name, lane_, plan_->width) : "";
   auto cached = cache_.find(key);
   if (cached == cache_.end()) {
     return code.empty() ? CpuKernelEmitter::LoadExprCode(e) : code;
@@ -189,11 +184,9 @@ std::string CudaKernelEmitter::LoadExprCode(const ExprNode& e) {
     if (smem_vec_) return code.empty() ? SlotValue(cached->second.name) : code;
     const std::string slot = Slot(cached->second.name);
     if (phase_ != cached->second.first_phase || !filled_.insert(key).second) return SlotValue(cached->second.name);
-    std::string raw = absl::StrCat("b", e.buffer.index, "[", IndexCode(e.index), "]");
-    if (plan_ != nullptr && lane_ >= 0) {
-      auto vec = plan_->loads.find(key);
-      if (vec != plan_->loads.end()) raw = absl::StrCat(vec->second.name, ".v[", lane_, "]");
-    }
+    const std::string raw =
+        vec != nullptr ? absl::StrCat(vec->name, ".v[", lane_, "]")
+                       : absl::StrCat("b", e.buffer.index, "[", IndexCode(e.index), "]");
     const std::string v = absl::StrCat("v", next_value_++);
     w_.Linef("const ", SmemType(e.buffer.dtype), " ", v, " = ", raw, ";");
     w_.Linef(slot, " = ", v, ";");
