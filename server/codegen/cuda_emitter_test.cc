@@ -217,7 +217,7 @@ KILN_DEV void kiln_kernel_0_body(const float* __restrict__ b0, const float* __re
       const float v2 = v1 - acc0.mean;
       const float v3 = acc0.m2 * (float(1) / acc0.count);
       const float v4 = v3 + 0x1.4f8b58p-17f;
-      const float v5 = float(1) / kiln_cuda::sqrt(v4);
+      const float v5 = kiln_cuda::rsqrt(v4);
       const float v6 = v2 * v5;
       const float v7 = b1[r0];
       const float v8 = v6 * v7;
@@ -229,7 +229,7 @@ KILN_DEV void kiln_kernel_0_body(const float* __restrict__ b0, const float* __re
       b4[o0] = acc0.mean;
       const float v11 = acc0.m2 * (float(1) / acc0.count);
       const float v12 = v11 + 0x1.4f8b58p-17f;
-      const float v13 = float(1) / kiln_cuda::sqrt(v12);
+      const float v13 = kiln_cuda::rsqrt(v12);
       b5[o0] = v13;
     }
   }

@@ -110,6 +110,11 @@ std::string CudaKernelEmitter::ConstCode(const ExprNode& e) const {
 
 std::string CudaKernelEmitter::UnaryCode(kernel::UnaryOp op, ScalarType t,
                                          const std::string& x) const {
+  // torch's CUDA rsqrt (and its batch norms' invstd) is CUDA's rsqrtf, 2 ulp; the CPU form, an
+  // IEEE square root and division, is a subroutine per element (kiln_cuda_math.cuh).
+  if (op == kernel::UnaryOp::kRsqrt && kernel::IsFloatType(t)) {
+    return absl::StrCat("kiln_cuda::rsqrt(", x, ")");
+  }
   return Retarget(CpuKernelEmitter::UnaryCode(op, t, x));
 }
 

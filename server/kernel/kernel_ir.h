@@ -42,7 +42,8 @@
 //   * Floats are IEEE with NaN and -0.0 kept; no fast-math (one exception, the CUDA emitter's:
 //     softmax exps of kernels whose every result is f16/bf16, or of accumulators marked
 //     approx_exp, may be approximate, ~2^-22 relative, below those types' rounding; see
-//     CudaKernelEmitter::PlanApproxExp).
+//     CudaKernelEmitter::PlanApproxExp). rsqrt on CUDA is CUDA's rsqrtf (2 ulp), as torch's own
+//     CUDA rsqrt and batch norms compute it; on the CPU, 1 / sqrt(x).
 //     maximum/minimum and the max/min accumulators propagate NaN. argmax/argmin treat NaN as the
 //     extreme and return the first index of the extreme (torch's rule); the index is the
 //     row-major position in the reduction space. Welford uses the sequential (mean, M2, count)
