@@ -17,7 +17,8 @@ On a machine without a GPU, --device cpu --quick runs the same steps on small CP
 so that kiln's graph-mode bookkeeping (capture key, busy check, copy-out) is timed on its own:
   python3 tests/gpu/host_split.py --device cpu --quick --graphs --backends kiln --dtype fp32
 --free-replays (CPU, with --graphs) makes those replays do nothing, so that the step times kiln's
-and torch's host work alone (the losses are then meaningless).
+and torch's host work alone (the losses are then meaningless). --cprofile N then times the steps
+once more under cProfile and prints each backend's N functions with the most own time.
 """
 
 import argparse
@@ -70,7 +71,7 @@ def wrap_kiln():
     timed(cuda_graphs, "_key", "  capture key")
 
 
-def step_times(run_parts, device, warmup, steps):
+def step_times(run_parts, device, warmup, steps, profiler=None):
     import torch
 
     phases = collections.defaultdict(list)
@@ -78,12 +79,29 @@ def step_times(run_parts, device, warmup, steps):
         if i == warmup:
             TOTALS.clear()
             CALLS.clear()
+            if profiler is not None:
+                profiler.enable()
         if device == "cuda":
             torch.cuda.synchronize()
         for name, seconds in run_parts().items():
             if i >= warmup:
                 phases[name].append(seconds)
+    if profiler is not None:
+        profiler.disable()
     return {name: statistics.median(v) for name, v in phases.items()}
+
+
+def print_profile(profiler, backend, steps, top):
+    """The `top` functions by their own time over the timed steps (cProfile: its hooks slow each
+    Python call, so the figures rank functions; the step table above was not taken with it)."""
+    import pstats
+
+    stats = pstats.Stats(profiler).stats  # (file, line, name) -> (calls, ncalls, tottime, cumtime, _)
+    rows = sorted(stats.items(), key=lambda kv: -kv[1][2])[:top]
+    print(f"\n## {backend}: top {top} functions by own time under cProfile, us per step ({steps} steps)")
+    gm.table(["own us", "cumulative us", "calls", "function"],
+             [[f"{tt / steps * 1e6:.1f}", f"{ct / steps * 1e6:.1f}", f"{nc / steps:.1f}",
+               f"{os.path.basename(f)}:{ln}({fn})"[:90]] for (f, ln, fn), (_, nc, tt, ct, _) in rows])
 
 
 def main():
@@ -101,6 +119,9 @@ def main():
     ap.add_argument("--quick", action="store_true", help="the small model sizes (as bench_gpu.py --quick)")
     ap.add_argument("--free-replays", action="store_true",
                     help="--device cpu --graphs: the stand-in's replays do nothing (host work alone)")
+    ap.add_argument("--cprofile", type=int, default=0, metavar="N",
+                    help="after the step table, time the steps again under cProfile and print each "
+                         "backend's N functions with the most own time")
     args = ap.parse_args()
     if args.free_replays and not (args.graphs and args.device == "cpu"):
         ap.error("--free-replays needs --device cpu --graphs (it replaces the CPU stand-in's replays)")
@@ -159,6 +180,12 @@ def main():
                     gm.table(["function", "us per step", "calls per step"],
                              [[k, f"{TOTALS[k] / args.steps * 1e6:.1f}", f"{CALLS[k] / args.steps:.0f}"]
                               for k in TOTALS])
+                if args.cprofile:
+                    import cProfile
+
+                    profiler = cProfile.Profile()
+                    step_times(run_parts, args.device, 0, args.steps, profiler)
+                    print_profile(profiler, backend, args.steps, args.cprofile)
             finally:
                 if server is not None:
                     server.stop()

@@ -9,7 +9,8 @@ tensors marked with torch._dynamo.mark_static_address, the saved tensors that a 
 forward keeps in its memory (below) and the static-address inputs it returns for its backward.
 The graph reads those in place. Every other tensor input is copied into a static buffer with the
 same sizes and strides before each replay (one device-to-device copy of the memory the input
-spans, as torch's own cudagraphs copy activations).
+spans, as torch's own cudagraphs copy activations; one torch._foreach_copy_ per dtype where
+several inputs have it).
 
   1st call of a key   the plan runs as usual (the warm-up: binaries loaded, constants moved,
                       torch's libraries initialized).
@@ -335,6 +336,15 @@ class _Captured:
                  copied_outputs=frozenset()):
         self.graph = graph
         self.copied = copied
+        # The copy-in, by dtype: [(buffers, [(input index, whether its span is copied)])]. A
+        # torch._foreach_copy_ per dtype with several inputs (one launch on the host: each copy_
+        # is a launch of its own, tens of microseconds of host time on a busy host).
+        by_dtype = {}
+        for i, buffer, whole in copied:
+            buffers, sources = by_dtype.setdefault(buffer.dtype, ([], []))
+            buffers.append(buffer)
+            sources.append((i, whole))
+        self.copy_in = list(by_dtype.values())
         self.written_back = written_back
         self.outputs = outputs  # the graph's outputs in its pool (None where `aliases` has one)
         # output index -> (input index, sizes, strides, relative offset, whether it is the input)
@@ -397,8 +407,13 @@ class _Captured:
 
     def replay(self, inputs):
         self.last = _DEVICE.order(self.last, self.device)  # after the previous replay's copy-out
-        for i, buffer, whole in self.copied:
-            buffer.copy_(_span_of(inputs[i]) if whole else inputs[i])
+        for buffers, sources in self.copy_in:
+            if len(buffers) == 1:
+                i, whole = sources[0]
+                buffers[0].copy_(_span_of(inputs[i]) if whole else inputs[i])
+            else:
+                torch._foreach_copy_(buffers, [_span_of(inputs[i]) if whole else inputs[i]
+                                               for i, whole in sources])
         _DEVICE.replay(self.graph, self.device, inputs)
         for i, buffer in self.written_back:
             inputs[i].copy_(buffer)

@@ -732,6 +732,24 @@ def test_cuda_graph_runner_copies_strided_and_expanded_inputs(fake_graphs):
     assert fake_graphs.captures == 1 and fake_graphs.replays == 3
 
 
+def test_cuda_graph_runner_copies_inputs_in_one_foreach_copy_per_dtype(fake_graphs):
+    """Copied inputs of one dtype go in by one torch._foreach_copy_ (a strided one, an expanded
+    one's span and a scalar together), an input alone in its dtype by copy_; each replay sees the
+    call's values."""
+    def fn(x, y, s, idx):
+        return ((x * y).sum(0) * s + idx.sum(),)
+
+    args = lambda: (torch.randn(1, 8).expand(4, 8), torch.randn(8, 4).t(), torch.randn(()),
+                    torch.randint(0, 9, (3,)))
+    runner = runner_for(fn, *args())
+    for _ in range(4):
+        a = args()
+        torch.testing.assert_close(runner(list(a))[0], fn(*a)[0])
+    (captured,) = runner._graphs.values()
+    assert sorted(len(buffers) for buffers, _ in captured.copy_in) == [1, 3]
+    assert fake_graphs.captures == 1 and fake_graphs.replays == 3
+
+
 def test_cuda_graph_runner_captures_input_updates(fake_graphs):
     """Updated inputs: a static-address one (a buffer) is updated once per call, the capturing call
     included; another one is copied back from its static buffer after each replay."""
