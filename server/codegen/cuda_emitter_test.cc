@@ -264,7 +264,7 @@ extern "C" __global__ void __launch_bounds__(1024) kiln_kernel_0(const float* __
     // phase 0
     if (kiln_vec) {
       if (kiln_active) {
-#pragma unroll 8
+#pragma unroll 4
         for (idx_t kiln_r = kiln_lane; kiln_r < 4096; kiln_r += 512) {
           const idx_t r0 = kiln_r;
           {
@@ -300,7 +300,7 @@ extern "C" __global__ void __launch_bounds__(1024) kiln_kernel_0(const float* __
     }
     else {
       if (kiln_active) {
-#pragma unroll 8
+#pragma unroll 4
         for (idx_t kiln_r = kiln_lane; kiln_r < 4096; kiln_r += 512) {
           const idx_t r0 = kiln_r;
           {
