@@ -2,7 +2,7 @@
 """kiln vs eager vs Inductor on a GPU, in one run: kernels, models, compile times.
 
     python3 scripts/bench_gpu.py [--sections a,b,c] [--only NAME[,NAME]] [--quick]
-                                 [--device cuda|cpu] [--skip-inductor] [--kilnd PATH]
+                                 [--device cuda|cpu] [--skip-inductor] [--kiln-first] [--kilnd PATH]
 
 Sections (all by default; the full run is sized for about 6-8 minutes on one H200, and
 --time-budget, 540 s by default on CUDA, skips (and lists) rows that could run past it, so that one
@@ -399,6 +399,8 @@ def section_b(args, address, problems):
             try:
                 base = gm.make_case(name, args.quick, args.device, seed=0, batch=batch)
                 backends = ["eager"] + ([] if args.skip_inductor else ["inductor"]) + ["kiln"]
+                if args.kiln_first:
+                    backends = ["eager", "kiln"] + ([] if args.skip_inductor else ["inductor"])
                 runs, first, firsts_out = {}, {}, {}
                 facts = None
                 for b in backends:
@@ -477,6 +479,9 @@ def main():
     ap.add_argument("--quick", action="store_true", help="small sizes and few iterations (smoke runs)")
     ap.add_argument("--device", default="cuda", help="cuda (default) or cpu (smoke test: figures mean nothing)")
     ap.add_argument("--skip-inductor", action="store_true", help="no Inductor columns (faster smoke runs)")
+    ap.add_argument("--kiln-first", action="store_true",
+                    help="section b: compile kiln before Inductor (default: Inductor first), to see whether "
+                         "the order in which one process compiles the backends moves a row's figures")
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"], help="section b: bf16 autocast (default) or fp32")
     ap.add_argument("--iters", type=int, default=None, help="timed iterations (default: a 50, b 20; --quick 10, 5)")
     ap.add_argument("--kilnd", default=None, help="kilnd binary (default: $KILND, .bundle/kilnd, .bundle/kiln/kilnd, "
@@ -597,6 +602,8 @@ def main():
             "cold compile >= 3x faster than Inductor; warm start >= 5x faster than Inductor's warm start")
         if args.skip_inductor:
             log("- --skip-inductor: no Inductor figures, no ratios")
+        if args.kiln_first and "b" in sections:
+            log("- --kiln-first: section b compiles kiln before Inductor")
         if args.time_budget:
             log(f"- time budget {args.time_budget:g} s: rows that could run past it are skipped and listed at the end")
         log("")
