@@ -163,13 +163,28 @@ bool CudaKernelEmitter::EmitTiled() {
   const absl::optional<int64_t> xs = k_.outer[k - 1].AsConst(), ys = k_.outer[k - 2].AsConst();
   if (!xs || !ys || *xs < kTile || *ys < kTile) return false;
   tiles_.clear();
-  std::vector<const ExprNode*> staged;
+  // Loads strided along x and unit-stride along y, staged once per access. A masked one (a cat's
+  // operand, a padded window) is staged under its mask when the mask reads no memory and every
+  // load of that access has that same mask (or none has one): the tile then holds what each of
+  // them reads, zero where the mask fails.
+  std::map<std::string, std::vector<const ExprNode*>> by_access;
+  std::vector<std::string> order;
   for (const ExprNode* l : LoadsOf(k_.body)) {
-    if (!l->args.empty()) continue;
+    const std::string key = AccessKey(l->buffer, l->index);
+    if (by_access[key].empty()) order.push_back(key);
+    by_access[key].push_back(l);
+  }
+  std::vector<const ExprNode*> staged;
+  for (const std::string& key : order) {
+    const std::vector<const ExprNode*>& loads = by_access[key];
+    const ExprNode* l = loads.front();
     const absl::optional<int64_t> sx = ConstStride(l->index, x), sy = ConstStride(l->index, y);
     if (sy != absl::optional<int64_t>(1) || !sx || *sx == 0 || *sx == 1) continue;
-    const std::string key = AccessKey(l->buffer, l->index);
-    if (tiles_.count(key)) continue;
+    const kernel::Expr mask = l->args.empty() ? nullptr : l->args[0];
+    const bool same_mask = std::all_of(loads.begin(), loads.end(), [&](const ExprNode* o) {
+      return (o->args.empty() ? nullptr : o->args[0]) == mask;
+    });
+    if (!same_mask || (mask != nullptr && ReadsMemory(mask))) continue;
     tiles_[key] = absl::StrCat("kiln_t", tiles_.size());
     staged.push_back(l);
   }
@@ -215,10 +230,15 @@ bool CudaKernelEmitter::EmitTiled() {
   w_.Linef("const idx_t ", xn, " = kiln_x0 + kiln_i;");
   std::string cond = bounds();
   if (!cond.empty()) w_.Open(absl::StrCat("if (", cond, ")"));
+  PushScope();  // the masks' values here are the staged point's, not the computed one's
   for (const ExprNode* l : staged) {
-    w_.Linef(tiles_[AccessKey(l->buffer, l->index)], "[kiln_i][kiln_lane] = ",
-             LoadCode(l->buffer, IndexCode(l->index)), ";");
+    std::string value = LoadCode(l->buffer, IndexCode(l->index));
+    if (!l->args.empty()) {
+      value = absl::StrCat(ExprCode(l->args[0]), " ? ", value, " : ", ValueType(l->type), "(0)");
+    }
+    w_.Linef(tiles_[AccessKey(l->buffer, l->index)], "[kiln_i][kiln_lane] = ", value, ";");
   }
+  PopScope();
   if (!cond.empty()) w_.Close();
   w_.Close();
   w_.Line("__syncthreads();");

@@ -646,6 +646,18 @@ TEST(CudaEmitter, ColumnMajorOutputsPermuteTheLoopsAndTileTheOtherInput) {
   EXPECT_EQ(launch.vector_width, 4);
 }
 
+// A cat whose middle operand is transposed (a GPT attention backward's q, k, v gradients): the
+// strided operand is staged through the tile under its mask, so masked-off columns read nothing,
+// and the compute step reads the tile where it would read that load.
+TEST(CudaEmitter, MaskedStridedLoadsAreStagedUnderTheirMask) {
+  CudaLaunch launch;
+  const std::string src = EmitOne(ct::CatTransposedBf16(64, 96), true, &launch);
+  EXPECT_EQ(launch.layout, CudaLayout::kTiled) << src;
+  EXPECT_EQ(Count(src, "__shared__"), 1) << src;  // only k is staged: q and v run along the stores
+  EXPECT_TRUE(absl::StrContains(src, " ? kiln_cuda::bf16_to_f32(b1[")) << src;
+  EXPECT_TRUE(absl::StrContains(src, " ? kiln_t0[kiln_xl][kiln_i] : float(0)")) << src;
+}
+
 TEST(CudaEmitter, SixtyFourBitIndicesForHugeSizesAndAThirtyTwoBitInstanceForScalars) {
   // Sizes over scalars: the body is instantiated for both index types, 32-bit when the scalars
   // make every size (plus the slack) fit.

@@ -240,6 +240,8 @@ std::vector<Case> Cases() {
   c.push_back({"cat_rows_bf16", ct::CatRowsBf16(3, 4, 64), {3}});
   c.push_back({"cat_rows_bf16_odd_misaligned", ct::CatRowsBf16(2, 3, 37), {2}, true});
   c.push_back({"one_access_two_masks", ct::OneAccessTwoMasks(8, 64), {}});
+  c.push_back({"cat_transposed_tiled_bf16", ct::CatTransposedBf16(64, 64), {2}});
+  c.push_back({"cat_transposed_tiled_bf16_tails", ct::CatTransposedBf16(40, 70), {3}});
   return c;
 }
 

@@ -63,6 +63,14 @@ bool UniformAlong(const Expr& e, const Var& x) {
   return true;
 }
 
+bool ReadsMemory(const Expr& e) {
+  if (e->kind == ExprKind::kLoad || e->kind == ExprKind::kAccRead) return true;
+  for (const Expr& a : e->args) {
+    if (ReadsMemory(a)) return true;
+  }
+  return false;
+}
+
 Size Product(const std::vector<Size>& sizes) {
   Size p = Size::Const(1);
   for (const Size& s : sizes) p = p * s;
@@ -165,6 +173,10 @@ std::string CudaKernelEmitter::LoadExprCode(const ExprNode& e) {
     auto it = plan_->loads.find(key);
     if (it != plan_->loads.end()) vec = &it->second;
   }
+  if (tiled_) {  // a staged access (masked ones under the same mask: EmitTiled)
+    auto tile = tiles_.find(key);
+    if (tile != tiles_.end()) return absl::StrCat(tile->second, "[kiln_xl][kiln_i]");
+  }
   if (!e.args.empty()) {  // masked: uncached; a lane of a vector load when the plan has one
     return vec != nullptr ? WidenLane(e.buffer, vec->name, lane_, plan_->width)
                           : CpuKernelEmitter::LoadExprCode(e);
@@ -172,10 +184,6 @@ std::string CudaKernelEmitter::LoadExprCode(const ExprNode& e) {
   if (body_lane_ >= 0) {
     auto pf = prefetched_.find(key);
     if (pf != prefetched_.end()) return Widen(e.buffer, absl::StrCat(pf->second, "[", body_lane_, "]"));
-  }
-  if (tiled_) {
-    auto tile = tiles_.find(key);
-    if (tile != tiles_.end()) return absl::StrCat(tile->second, "[kiln_xl][kiln_i]");
   }
   std::string code = vec != nullptr ? WidenLane(e.buffer, vec->name, lane_, plan_->width) : "";
   auto cached = cache_.find(key);

@@ -66,6 +66,9 @@ bool ReadsVarValue(const std::vector<Stmt>& stmts, const Var& var);
 // loop variable but through other variables' values.
 bool UniformAlong(const Expr& e, const Var& x);
 
+// Whether `e` reads memory or an accumulator (a kLoad or kAccRead node anywhere in it).
+bool ReadsMemory(const Expr& e);
+
 // The load nodes of the values of `stmts` outside the subtrees of `skip`, each node once, in
 // post-order (masks first).
 std::vector<const ExprNode*> LoadsOf(const std::vector<Stmt>& stmts, const std::set<const ExprNode*>& skip = {});

@@ -46,6 +46,12 @@ absl::StatusOr<kernel::Kernel> MaskedWindowGather(int64_t rows, int64_t cols);
 // by a test of the row alone, which move as 8-lane vectors along the columns.
 absl::StatusOr<kernel::Kernel> CatRowsBf16(int64_t rows_a, int64_t rows_c, int64_t cols);
 
+// torch.cat([q, k.transpose(1, 2), v], -1) of bf16 q, v [n0, rows, cols] and k [n0, cols, rows]
+// (a GPT attention backward's query/key/value gradients into its fused projection's): three
+// loads masked by a test of the column alone, the middle one strided along the columns and
+// contiguous along the rows, which a tiled kernel stages through shared memory under its mask.
+absl::StatusOr<kernel::Kernel> CatTransposedBf16(int64_t rows, int64_t cols);
+
 // out[t, j] = (t < rows / 2 ? a[t, j] : 0) + (j < 3 ? a[t, j] : 0) over f32 [rows, cols]: one
 // access loaded under two masks, of which only the first holds for whole vectors along j (so the
 // access stays a scalar load).

@@ -24,6 +24,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
 #include "server/codegen/cuda_emitter.h"
+#include "server/codegen/cuda_test_kernels.h"
 #include "server/kernel/test_kernels.h"
 #include "server/toolchain/nvrtc.h"
 
@@ -32,6 +33,7 @@ namespace {
 
 using namespace ::kiln::kernel;  // NOLINT
 namespace kt = ::kiln::kernel::testing;
+namespace ct = ::kiln::codegen::testing;
 
 struct BufferSpec {
   std::string dtype;  // torch dtype name: "float32", "bfloat16"
@@ -218,6 +220,12 @@ std::vector<Fixture> Fixtures(bool small, const std::string& arch) {
                {{"float32", {parts, part}, "in"}, {"float32", {parts}, "out"}}});
   f.push_back({"full_sum_64m_combine", "row_sum", "", kt::RowSum(1, parts, false), {},
                {{"float32", {1, parts}, "in"}, {"float32", {1}, "out"}}});
+  // A GPT attention backward's q, k, v gradients into its fused projection's (B8 T512 d768): the
+  // transposed k staged through a shared tile under its cat mask.
+  const int64_t cat_n = small ? 2 : 8, cat_t = small ? 40 : 512, cat_c = small ? 70 : 768;
+  f.push_back({"cat_transposed_bf16", "cat_transposed", "", ct::CatTransposedBf16(cat_t, cat_c), {cat_n},
+               {{"bfloat16", {cat_n, cat_t, cat_c}, "in"}, {"bfloat16", {cat_n, cat_c, cat_t}, "in"},
+                {"bfloat16", {cat_n, cat_t, cat_c}, "in"}, {"bfloat16", {cat_n, cat_t, 3 * cat_c}, "out"}}});
   return f;
 }
 

@@ -47,6 +47,7 @@ TOLERANCES = {
     "layer_norm_out": (2e-2, 2e-2),
     "rms_norm": (1e-4, 1e-4),
     "add_transposed_rhs": (0.0, 0.0),
+    "cat_transposed": (0.0, 0.0),
 }
 # bf16 outputs: one rounding step of bf16 whatever the op.
 BF16_TOLERANCE = (1.6e-2, 1e-2)
@@ -164,6 +165,8 @@ def torch_op(torch, spec):
         return rms
     if op == "add_transposed_rhs":  # a.t() + b stored column-major, read back row-major
         return lambda a, b: (a + b.t(),)
+    if op == "cat_transposed":  # q, k, v gradients into a fused projection's (k transposed)
+        return lambda q, k, v: (torch.cat([q, k.transpose(1, 2), v], -1),)
     raise ValueError(f"unknown op {op}")
 
 
