@@ -209,23 +209,28 @@ absl::StatusOr<Kernel> CatRowsBf16(int64_t rows_a, int64_t rows_c, int64_t cols)
 absl::StatusOr<Kernel> CatTransposedBf16(int64_t rows, int64_t cols) {
   KernelBuilder kb("cat transposed bf16");
   const Size n = kb.AddScalar(), r = Size::Const(rows), c = Size::Const(cols);
+  const Size three_c = c * Size::Const(3);
   const Buffer q = kb.AddBuffer(ScalarType::kBFloat16, Access::kRead, n * r * c);
   const Buffer k = kb.AddBuffer(ScalarType::kBFloat16, Access::kRead, n * c * r);
   const Buffer v = kb.AddBuffer(ScalarType::kBFloat16, Access::kRead, n * r * c);
-  const Buffer out = kb.AddBuffer(ScalarType::kBFloat16, Access::kWrite, n * r * c * Size::Const(3));
-  const Var i = kb.AddOuter(n), t = kb.AddOuter(r), j = kb.AddOuter(c * Size::Const(3));
+  const Buffer out = kb.AddBuffer(ScalarType::kBFloat16, Access::kWrite, n * r * three_c);
+  const Var i = kb.AddOuter(n), t = kb.AddOuter(r), j = kb.AddOuter(three_c);
   auto in = [&](int64_t lo, int64_t hi) {
-    return Binary(BinaryOp::kLogicalAnd, Binary(BinaryOp::kGe, LoopVar(j), ConstInt(ScalarType::kInt64, lo)),
-                  Binary(BinaryOp::kLt, LoopVar(j), ConstInt(ScalarType::kInt64, hi)));
+    const ExprOr from = Binary(BinaryOp::kGe, LoopVar(j), ConstInt(ScalarType::kInt64, lo));
+    const ExprOr below = Binary(BinaryOp::kLt, LoopVar(j), ConstInt(ScalarType::kInt64, hi));
+    return Binary(BinaryOp::kLogicalAnd, from, below);
   };
   const ExprOr in_q = in(0, cols), in_k = in(cols, 2 * cols), in_v = in(2 * cols, 3 * cols);
   const Index at_q = MakeIndex(Size(), {{i, r * c}, {t, c}, {j, Size::Const(1)}});
-  const Index at_k = MakeIndex(Size::Const(-cols * rows), {{i, c * r}, {t, Size::Const(1)}, {j, r}});
+  const Index at_k =
+      MakeIndex(Size::Const(-cols * rows), {{i, c * r}, {t, Size::Const(1)}, {j, r}});
   const Index at_v = MakeIndex(Size::Const(-2 * cols), {{i, r * c}, {t, c}, {j, Size::Const(1)}});
   auto f32 = [](const ExprOr& x) { return Cast(ScalarType::kFloat32, x); };
-  const ExprOr value = Select(in_q, f32(LoadMasked(q, at_q, in_q)),
-                              Select(in_k, f32(LoadMasked(k, at_k, in_k)), f32(LoadMasked(v, at_v, in_v))));
-  kb.Add(Store(out, ContiguousIndex({i, t, j}, {n, r, c * Size::Const(3)}), Cast(ScalarType::kBFloat16, value)));
+  const ExprOr value =
+      Select(in_q, f32(LoadMasked(q, at_q, in_q)),
+             Select(in_k, f32(LoadMasked(k, at_k, in_k)), f32(LoadMasked(v, at_v, in_v))));
+  kb.Add(Store(out, ContiguousIndex({i, t, j}, {n, r, three_c}),
+               Cast(ScalarType::kBFloat16, value)));
   return kb.Finish();
 }
 

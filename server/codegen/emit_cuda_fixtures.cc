@@ -223,9 +223,12 @@ std::vector<Fixture> Fixtures(bool small, const std::string& arch) {
   // A GPT attention backward's q, k, v gradients into its fused projection's (B8 T512 d768): the
   // transposed k staged through a shared tile under its cat mask.
   const int64_t cat_n = small ? 2 : 8, cat_t = small ? 40 : 512, cat_c = small ? 70 : 768;
-  f.push_back({"cat_transposed_bf16", "cat_transposed", "", ct::CatTransposedBf16(cat_t, cat_c), {cat_n},
-               {{"bfloat16", {cat_n, cat_t, cat_c}, "in"}, {"bfloat16", {cat_n, cat_c, cat_t}, "in"},
-                {"bfloat16", {cat_n, cat_t, cat_c}, "in"}, {"bfloat16", {cat_n, cat_t, 3 * cat_c}, "out"}}});
+  f.push_back({"cat_transposed_bf16", "cat_transposed", "", ct::CatTransposedBf16(cat_t, cat_c),
+               {cat_n},
+               {{"bfloat16", {cat_n, cat_t, cat_c}, "in"},
+                {"bfloat16", {cat_n, cat_c, cat_t}, "in"},
+                {"bfloat16", {cat_n, cat_t, cat_c}, "in"},
+                {"bfloat16", {cat_n, cat_t, 3 * cat_c}, "out"}}});
   return f;
 }
 
