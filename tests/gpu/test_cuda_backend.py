@@ -281,6 +281,28 @@ def test_kernels_run_on_the_current_stream(server):
     assert_compiled_on_cuda(expect_graphs=1)
 
 
+def test_cuda_graph_mode_copies_inputs_in_by_dtype(server):
+    """CUDA-graph replays copy their non-static inputs in with one torch._foreach_copy_ per dtype:
+    two f32 activations (one of them strided) and a 0-dim f32 tensor in one group, int64 indices
+    alone in theirs (a copy_). Every replay sees its call's values."""
+    def fn(a, b, s, idx):
+        return (a * b + s).sum(-1) + idx.float()
+
+    compiled = torch.compile(fn, backend="kiln", options={"server": server.address, "cuda_graphs": True})
+    outs, wants = [], []
+    for i in range(5):  # warm-up, capture, then replays
+        a = torch.randn(32, 64, device="cuda")
+        b = torch.randn(64, 32, device="cuda").t()
+        s = torch.tensor(float(i), device="cuda")
+        idx = torch.randint(0, 9, (32,), device="cuda")
+        outs.append(compiled(a, b, s, idx))
+        wants.append(fn(a, b, s, idx))
+    for got, want in zip(outs, wants):
+        torch.testing.assert_close(got, want, **F32)
+    s = assert_compiled_on_cuda(expect_graphs=1)
+    assert s["cuda_graph_captures"] == 1 and s["cuda_graph_replays"] == 4, s
+
+
 def test_cuda_graph_mode(server):
     torch.manual_seed(2)
     model = MLP().cuda()
