@@ -44,6 +44,16 @@ bool ReadsVar(const Expr& e, const Var& var, std::set<const ExprNode*>* seen) {
   return false;
 }
 
+// Whether `e` reads memory, an accumulator or (when `x` is given) the loop variable *x itself.
+bool ReadsMemoryOrVar(const Expr& e, const Var* x) {
+  if (e->kind == ExprKind::kLoad || e->kind == ExprKind::kAccRead) return true;
+  if (x != nullptr && e->kind == ExprKind::kLoopVar && e->var == *x) return true;
+  for (const Expr& a : e->args) {
+    if (ReadsMemoryOrVar(a, x)) return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 bool ReadsVarValue(const std::vector<Stmt>& stmts, const Var& var) {
@@ -54,22 +64,9 @@ bool ReadsVarValue(const std::vector<Stmt>& stmts, const Var& var) {
   return false;
 }
 
-bool UniformAlong(const Expr& e, const Var& x) {
-  if (e->kind == ExprKind::kLoad || e->kind == ExprKind::kAccRead) return false;
-  if (e->kind == ExprKind::kLoopVar && e->var == x) return false;
-  for (const Expr& a : e->args) {
-    if (!UniformAlong(a, x)) return false;
-  }
-  return true;
-}
+bool UniformAlong(const Expr& e, const Var& x) { return !ReadsMemoryOrVar(e, &x); }
 
-bool ReadsMemory(const Expr& e) {
-  if (e->kind == ExprKind::kLoad || e->kind == ExprKind::kAccRead) return true;
-  for (const Expr& a : e->args) {
-    if (ReadsMemory(a)) return true;
-  }
-  return false;
-}
+bool ReadsMemory(const Expr& e) { return ReadsMemoryOrVar(e, nullptr); }
 
 Size Product(const std::vector<Size>& sizes) {
   Size p = Size::Const(1);
