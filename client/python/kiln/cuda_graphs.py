@@ -335,7 +335,6 @@ class _Captured:
     def __init__(self, graph, copied, written_back, outputs, aliases, kept, static_storages, device,
                  copied_outputs=frozenset()):
         self.graph = graph
-        self.copied = copied
         # The copy-in, by dtype: [(buffers, [(input index, whether its span is copied)])]. A
         # torch._foreach_copy_ per dtype with several inputs (one launch on the host: each copy_
         # is a launch of its own, tens of microseconds of host time on a busy host).

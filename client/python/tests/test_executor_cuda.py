@@ -631,7 +631,8 @@ def test_cuda_graph_runner_returns_saved_outputs_in_place(fake_graphs):
         g = torch.randn(4, 3)
         torch.testing.assert_close(backward([kept, g])[0], kept * g)
     (bw,) = backward._graphs.values()
-    assert [i for i, *_ in bw.copied] == [1]  # g is copied in, kept is read where it is
+    # g is copied in, kept is read where it is
+    assert [i for _, sources in bw.copy_in for i, _ in sources] == [1]
     del kept  # free again once the backward is done with it: a replay
     runner([x1, w])
     assert fake_graphs.replays == 4 + 2
