@@ -16,7 +16,7 @@ command stays under a 10-minute limit; --sections splits a run):
      (dst.copy_(src) of a 1 GiB buffer, measured in the same run). "kiln vs Inductor" = Inductor time / kiln
      time (> 1: kiln faster). Each result is checked against eager.
   b  end-to-end step time of the models of tests/gpu/models_check.py (tests/gpu/gpu_models.py):
-     GPT block (matmul attention and SDPA), ResNet-18, ResNet-50, BERT layer; inference (eval,
+     GPT block (matmul attention and SDPA), ResNet-18, ResNet-50, BERT layer, Llama block; inference (eval,
      no_grad) and training (forward + loss + backward + SGD step); bf16 autocast by default
      (--dtype fp32 for fp32); eager, Inductor, kiln; geomean of Inductor time / kiln time.
      --graphs compares the CUDA-graph modes instead: Inductor's mode="reduce-overhead" against

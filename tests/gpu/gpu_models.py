@@ -4,7 +4,9 @@
   matmul + mask + softmax, or through F.scaled_dot_product_attention), ResNet-18 and ResNet-50
   (torchvision's when it can be imported, else the hand-written copy below with the same layer
   structure, parameter names and initialization), and a BERT-style encoder layer (post-LayerNorm,
-  padding mask, erf GELU). `make_case` builds one with its inputs and the training loss.
+  padding mask, erf GELU), and a Llama-style decoder block (RMSNorm, rotary position embeddings,
+  grouped-query attention through F.scaled_dot_product_attention, SwiGLU MLP, no biases).
+  `make_case` builds one with its inputs and the training loss.
 - `Kilnd`: a kilnd child process with a fresh cache dir, on a unix socket (or TCP port 0, the port
   read from its "listening on" log line), with NVRTC located for CUDA compiles.
 - `compile_kiln`: torch.compile(..., backend="kiln") pointed at that kilnd; `kiln_facts`: what
@@ -31,7 +33,7 @@ import warnings
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-MODEL_NAMES = ["gpt_matmul", "gpt_sdpa", "resnet18", "resnet50", "bert"]
+MODEL_NAMES = ["gpt_matmul", "gpt_sdpa", "resnet18", "resnet50", "bert", "llama"]
 
 # --------------------------------------------------------------------------------------------------
 # kiln import (installed package, else the checkout's client/python)
@@ -523,6 +525,66 @@ def build_bert_layer(d, heads, ffn):
     return BertLayer()
 
 
+def build_llama_block(d, heads, kv_heads, ffn, max_t, theta=10000.0, eps=1e-6):
+    torch, nn, F = _nn()
+    hd = d // heads
+
+    class RMSNorm(nn.Module):
+        """As Llama's: the mean square in fp32, the normalized value cast back, then the weight."""
+
+        def __init__(self):
+            super().__init__()
+            self.weight = nn.Parameter(torch.ones(d))
+
+        def forward(self, x):
+            h = x.float()
+            h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+            return self.weight * h.to(x.dtype)
+
+    def rotate_half(x):
+        return torch.cat((-x[..., hd // 2:], x[..., :hd // 2]), dim=-1)
+
+    class LlamaBlock(nn.Module):
+        """Llama-style decoder block (pre-RMSNorm, residuals): rotary embeddings on q and k from
+        cos/sin tables, grouped-query attention (kv_heads shared by heads / kv_heads query heads
+        each, expanded as Llama's repeat_kv does) through causal SDPA, SwiGLU MLP; no biases."""
+
+        def __init__(self):
+            super().__init__()
+            self.q_proj = nn.Linear(d, d, bias=False)
+            self.k_proj = nn.Linear(d, kv_heads * hd, bias=False)
+            self.v_proj = nn.Linear(d, kv_heads * hd, bias=False)
+            self.o_proj = nn.Linear(d, d, bias=False)
+            self.gate_proj = nn.Linear(d, ffn, bias=False)
+            self.up_proj = nn.Linear(d, ffn, bias=False)
+            self.down_proj = nn.Linear(ffn, d, bias=False)
+            self.attn_norm, self.mlp_norm = RMSNorm(), RMSNorm()
+            inv_freq = 1.0 / theta ** (torch.arange(0, hd, 2).float() / hd)
+            freqs = torch.outer(torch.arange(max_t).float(), inv_freq)
+            emb = torch.cat((freqs, freqs), dim=-1)
+            self.register_buffer("cos", emb.cos(), persistent=False)
+            self.register_buffer("sin", emb.sin(), persistent=False)
+
+        def forward(self, x):
+            B, T, C = x.shape
+            h = self.attn_norm(x)
+            q = self.q_proj(h).view(B, T, heads, hd).transpose(1, 2)
+            k = self.k_proj(h).view(B, T, kv_heads, hd).transpose(1, 2)
+            v = self.v_proj(h).view(B, T, kv_heads, hd).transpose(1, 2)
+            cos, sin = self.cos[:T].to(q.dtype), self.sin[:T].to(q.dtype)
+            q = q * cos + rotate_half(q) * sin
+            k = k * cos + rotate_half(k) * sin
+            rep = heads // kv_heads
+            k = k[:, :, None].expand(B, kv_heads, rep, T, hd).reshape(B, heads, T, hd)
+            v = v[:, :, None].expand(B, kv_heads, rep, T, hd).reshape(B, heads, T, hd)
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            x = x + self.o_proj(y.transpose(1, 2).reshape(B, T, C))
+            h = self.mlp_norm(x)
+            return x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
+
+    return LlamaBlock()
+
+
 @functools.lru_cache(maxsize=None)
 def _resnet_classes():
     """torchvision.models.resnet's BasicBlock, Bottleneck and ResNet (v1.5: stride on the 3x3 conv of
@@ -651,9 +713,9 @@ def build_resnet(depth):
 # and 224x224 images. batch=None takes the profile's default; the benchmark passes larger batches.
 SIZES = {
     "quick": {"gpt": dict(B=2, T=64, d=128, h=4), "bert": dict(B=2, T=64, d=128, h=4, ffn=512),
-              "resnet": dict(B=2, hw=64)},
+              "resnet": dict(B=2, hw=64), "llama": dict(B=2, T=64, d=128, h=4, kv=2, ffn=352)},
     "full": {"gpt": dict(B=8, T=512, d=768, h=12), "bert": dict(B=8, T=512, d=768, h=12, ffn=3072),
-             "resnet": dict(B=8, hw=224)},
+             "resnet": dict(B=8, hw=224), "llama": dict(B=8, T=512, d=768, h=12, kv=4, ffn=2048)},
 }
 
 
@@ -665,6 +727,9 @@ def describe_size(name, quick, batch=None):
     if name == "bert":
         g = s["bert"]
         return f"B{batch or g['B']} T{g['T']} d{g['d']} h{g['h']} ffn{g['ffn']}"
+    if name == "llama":
+        g = s["llama"]
+        return f"B{batch or g['B']} T{g['T']} d{g['d']} h{g['h']} kv{g['kv']} ffn{g['ffn']}"
     g = s["resnet"]
     return f"B{batch or g['B']} 3x{g['hw']}x{g['hw']}"
 
@@ -714,6 +779,18 @@ def make_case(name, quick, device, seed=0, batch=None):
         target = torch.randn(B, g["T"], g["d"])
         inputs = [x, mask]
         float_inputs = [0, 1]
+
+        def loss_fn(out, target=target.to(device)):
+            o = _loss_precision(out)
+            return F.mse_loss(o, target.to(o.dtype))
+    elif name == "llama":
+        g = s["llama"]
+        B = batch or g["B"]
+        model = build_llama_block(g["d"], g["h"], g["kv"], g["ffn"], g["T"])
+        x = torch.randn(B, g["T"], g["d"])
+        target = torch.randn(B, g["T"], g["d"])
+        inputs = [x]
+        float_inputs = [0]
 
         def loss_fn(out, target=target.to(device)):
             o = _loss_precision(out)

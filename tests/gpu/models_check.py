@@ -13,6 +13,9 @@ Models (random weights, no dropout; tests/gpu/gpu_models.py):
               layers, names and init (the header says which); full size: batch 8, 224x224
   bert        BERT encoder layer: post-LayerNorm (eps 1e-12), additive padding mask, erf GELU
               (full size: B8 T512 d768 12 heads, FFN 3072)
+  llama       Llama-style decoder block: RMSNorm, rotary embeddings, grouped-query attention through
+              causal SDPA, SwiGLU MLP, no biases (full size: B8 T512 d768 12 heads, 4 KV heads,
+              FFN 2048)
 --quick shrinks all of them (d 128, T 64, 64x64 images, batch 2).
 
 Each model runs in each dtype and mode:

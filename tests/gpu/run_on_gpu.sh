@@ -8,7 +8,8 @@
 #   steps: info      GPU, driver, torch, NVRTC found
 #          backend   pytest tests/gpu/test_cuda_backend.py (torch.compile(backend="kiln") on CUDA)
 #          corpus    the correctness corpus on CUDA (KILN_CORPUS_DEVICE=cuda tests/python/test_corpus.py)
-#          models    tests/gpu/models_check.py (GPT block, ResNet-18/50, BERT layer; fp32/bf16; train/infer)
+#          models    tests/gpu/models_check.py (GPT block, ResNet-18/50, BERT layer, Llama block; fp32/bf16;
+#                    train/infer)
 #          kernels   tests/gpu/cuda_kernels_check.py --cubins build/cuda_fixtures (emit_cuda_fixtures output)
 #          bench     scripts/bench_gpu.py (kernels, model steps, cold/warm compile: kiln vs eager vs Inductor)
 #          dynamic   scripts/bench_dynamic.py (a GPT block whose sequence length changes: compile cost

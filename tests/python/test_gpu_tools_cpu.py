@@ -66,6 +66,18 @@ def test_models_check_graph_check_fails_a_case_over_its_tolerance():
                      r"module", text), text[-4000:]
 
 
+def test_models_check_llama_block_matches_eager():
+    """The Llama-style block (RMSNorm, rotary embeddings, grouped-query SDPA, SwiGLU) in both dtypes
+    and modes: every graph compiled by kilnd and run as a plan, within the models' tolerances."""
+    rc, text = run_tool(GPU_TOOLS / "models_check.py", "--only", "llama")
+    assert rc == 0, text[-4000:]
+    for dtype in ("fp32", "bf16"):
+        for mode in ("inference", "training"):
+            assert f"llama / {dtype} / {mode}: PASS " in text, text[-4000:]
+    assert "4 cases: PASS 4" in text, text[-4000:]
+    assert re.search(r"\| llama \| fp32 +\| training +\| PASS +\| [^|]+\| 2/2/0/0 ", text), text[-4000:]
+
+
 def test_graph_diff_defer_replays_every_call():
     rc, text = run_tool(GPU_TOOLS / "graph_diff.py", "--model", "resnet18", "--steps", "2", "--defer", "--top", "3")
     assert rc == 0, text[-4000:]
