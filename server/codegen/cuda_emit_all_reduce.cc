@@ -134,6 +134,7 @@ void CudaKernelEmitter::EmitAllReduces(const std::vector<Stmt>& stmts, int64_t c
                  launch_.cluster, ">(", value, ", ", op, ", kiln_smem, kiln_pub, &kiln_parity);");
         break;
       default:
+        if (group_ == 1) break;  // one thread per point (short columns): its rows are all summed
         w_.Linef(value, " = kiln_cuda::column_allreduce<", column_points_, ", ", group_, ">(", value,
                  ", ", op, ", kiln_smem);");
         break;
@@ -145,6 +146,7 @@ void CudaKernelEmitter::EmitAllReduces(const std::vector<Stmt>& stmts, int64_t c
     const std::string acc = absl::StrCat("acc", s.acc.id);
     auto two = two_pass_.find(s.acc.id);
     if (launch_.layout == CudaLayout::kColumn && width_ > 1) {  // vector columns: every lane's at once
+      if (group_ == 1) continue;  // one thread per point
       w_.Linef("kiln_cuda::column_allreduce_vec<", column_points_, ", ", group_, ">(kiln_acc", s.acc.id,
                ", ", ReduceOp(s.acc.kind), ", kiln_smem);");
       continue;

@@ -21,6 +21,7 @@ namespace kiln::codegen::internal {
 namespace {
 
 constexpr int kWarpRowLimit = 1024;  // static reduction lengths up to this: a warp per row
+constexpr int64_t kShortColumnRows = 16;  // column reductions of at most this many rows: a thread per point
 
 // sizeof the accumulator's state in the helpers (kiln_cuda_reduce.cuh).
 int StateBytes(const Accumulator& a) {
@@ -43,14 +44,10 @@ bool CudaKernelEmitter::IsColumnReduction() const {
   for (const kernel::Phase& p : k_.phases) {
     for (const ExprNode* l : LoadsOf(p.stmts)) {
       if (!l->args.empty()) continue;
-      // A load that no outer var moves (layer norm's per-row mean and rstd in its weight
-      // gradient) reads one element for all of a block's points: it decides nothing.
-      bool per_point = false;
-      for (size_t i = 0; i < k_.outer.size() && !per_point; ++i) {
-        const Var v{VarKind::kOuter, static_cast<int32_t>(i)};
-        per_point = ConstStride(l->index, v) != absl::optional<int64_t>(0);
-      }
-      if (!per_point) continue;
+      // A load that the last outer var does not move (layer norm's per-row mean and rstd in its
+      // weight gradient, also when a split into partials has an outer var pick the rows) reads
+      // one element for all of a block's consecutive points: it decides nothing.
+      if (ConstStride(l->index, last_outer) == absl::optional<int64_t>(0)) continue;
       if (ConstStride(l->index, last_reduce) == absl::optional<int64_t>(1)) return false;
       if (ConstStride(l->index, last_outer) == absl::optional<int64_t>(1)) column = true;
     }
@@ -116,6 +113,23 @@ void CudaKernelEmitter::ChooseRowLayout(const Size& rows, absl::optional<int64_t
       // more threads per point. 2048 bf16 points: 64 blocks of 32 x 32 threads -> 128 of 16 x 64.
       while (column_points_ / 2 * vec * narrowest >= 32 && blocks_of(column_points_) < num_sms_) {
         column_points_ /= 2;
+      }
+    }
+    if (total_c && points && *total_c <= kShortColumnRows) {
+      // A few rows per point (grouped-query attention's backward sums the 3 query heads that
+      // share a key head: 1M points of 3 rows): lanes along the rows would mostly idle (8 lanes
+      // for 3 rows) and meet in shared memory. One thread per point sums its rows instead, every
+      // thread of a block along the points, while that leaves two blocks per SM.
+      int across = 256;
+      while (across > 32 && blocks_of(across) < 2 * num_sms_) across /= 2;
+      if (blocks_of(across) >= num_sms_) {
+        column_points_ = across;
+        group_ = 1;
+        launch_.block = across;
+        launch_.work_per_block = across * vec;
+        launch_.max_grid = int64_t{num_sms_} * (kThreadsPerSm / launch_.block) * 4;
+        smem_bytes_ = launch_.block * max_state * vec;
+        return;
       }
     }
     const int min_group = std::max(8, 32 / column_points_);  // whole warps

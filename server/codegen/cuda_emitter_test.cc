@@ -419,6 +419,32 @@ TEST(CudaEmitter, ColumnReductionsMoveVectorsAlongTheirPoints) {
   EXPECT_EQ(launch.block, 256);
 }
 
+// At most 16 rows over many points (grouped-query attention's backward: the 3 query heads of a
+// key head, 1M points): one thread per point sums all its rows (the loop unrolled as many times),
+// the block's threads all along the points (256 while that gives two blocks per SM, down to 32),
+// and no all-reduce. Too few points for one block per SM at 32: lanes along the rows, as before.
+TEST(CudaEmitter, ShortColumnsTakeOneThreadPerPoint) {
+  for (const auto& [rows, cols, vectorize, width, block] : std::vector<std::tuple<int64_t, int64_t, bool, int, int>>{
+           {3, 1 << 20, true, 4, 256}, {16, 1 << 20, true, 4, 256}, {3, 1 << 20, false, 1, 256},
+           {8, 20000, true, 4, 32}, {5, 17001, true, 1, 64}}) {
+    SCOPED_TRACE(absl::StrCat(rows, " x ", cols));
+    CudaLaunch launch;
+    const std::string src = EmitOne(kt::ColumnSum(rows, cols), vectorize, &launch);
+    EXPECT_EQ(launch.layout, CudaLayout::kColumn);
+    EXPECT_EQ(launch.vector_width, width);
+    EXPECT_EQ(launch.block, block);
+    EXPECT_EQ(launch.work_per_block, block * width);
+    EXPECT_EQ(Count(src, "const int kiln_lane = threadIdx.x / " + std::to_string(block) + ";"), 1) << src;
+    EXPECT_EQ(Count(src, "column_allreduce"), 0) << src;
+    EXPECT_EQ(Count(src, absl::StrCat("#pragma unroll ", std::min<int64_t>(rows, 8), "\n")),
+              width > 1 ? 2 : 1) << src;
+  }
+  CudaLaunch launch;
+  EmitOne(kt::ColumnSum(3, 4096), /*vectorize=*/true, &launch);  // 32 blocks of 32 x 4 points: too few
+  EXPECT_EQ(launch.vector_width, 4);
+  EXPECT_GT(launch.block, launch.work_per_block / 4);
+}
+
 // Layer norm's weight gradient sums over (batch, rows) per column: a column reduction, though its
 // per-row mean and rstd lie along the reduction (they are the same for all of a block's points,
 // read once per row by every thread of the warp, not strided like the column's loads).

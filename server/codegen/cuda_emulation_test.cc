@@ -242,6 +242,9 @@ std::vector<Case> Cases() {
   c.push_back({"one_access_two_masks", ct::OneAccessTwoMasks(8, 64), {}});
   c.push_back({"cat_transposed_tiled_bf16", ct::CatTransposedBf16(64, 64), {2}});
   c.push_back({"cat_transposed_tiled_bf16_tails", ct::CatTransposedBf16(40, 70), {3}});
+  // Short columns: a thread per point, no all-reduce (vectors; odd points: scalar).
+  c.push_back({"short_column_sum_vec4", kt::ColumnSum(3, 20000), {}});
+  c.push_back({"short_column_sum_odd_misaligned", kt::ColumnSum(5, 17001), {}, true});
   return c;
 }
 

@@ -109,6 +109,10 @@ std::vector<Fixture> Fixtures(bool small, const std::string& arch) {
                 {"float32", {rows}, "out"}}});
   f.push_back({"column_sum", "column_sum", "", kt::ColumnSum(side, side), {},
                {{"float32", {side, side}, "in"}, {"float32", {side}, "out"}}});
+  // A short column (grouped-query attention's backward sums 3 query heads a key head): a thread
+  // per point.
+  f.push_back({"column_sum_3_rows", "column_sum", "", kt::ColumnSum(3, int64_t{1} << 22), {},
+               {{"float32", {3, int64_t{1} << 22}, "in"}, {"float32", {int64_t{1} << 22}, "out"}}});
   // The kernels of scripts/bench_gpu.py's real graphs (compile_graph --dump), at its sizes.
   f.push_back({"softmax_bf16_1024", "softmax", "", kt::RowSoftmaxBf16(1024), {rows},
                {{"bfloat16", {rows, 1024}, "in"}, {"bfloat16", {rows, 1024}, "out"}}});

@@ -20,10 +20,10 @@ for name in add_f32 bf16_chain broadcast_add_transposed softmax_1024 log_softmax
             layer_norm_1024 column_sum softmax_bf16_1024 layer_norm_bf16_1024 rms_norm_1024 rms_norm_bf16_1024 \
             transpose_add_column_major softmax_bf16_50257 softmax_65536 softmax_bf16_65536 log_softmax_131072 \
             softmax_262144 log_softmax_262144 softmax_bf16_262144 layer_norm_bf16_50257 row_sum_64x262144 \
-            row_sum_bf16_64x262144 full_sum_64m full_sum_64m_partials full_sum_64m_combine softmax_50257 cat_transposed_bf16; do
+            row_sum_bf16_64x262144 full_sum_64m full_sum_64m_partials full_sum_64m_combine softmax_50257 cat_transposed_bf16 column_sum_3_rows; do
   grep -q "\"name\": \"${name}\"" "${out}/manifest.json" || { echo "no ${name} in the manifest"; exit 1; }
 done
-python3 -c "import json,sys; m=json.load(open(sys.argv[1])); assert len(m['kernels'])==53; assert all(k['grid']>=1 and k['block']>=32 for k in m['kernels'])" "${out}/manifest.json"
+python3 -c "import json,sys; m=json.load(open(sys.argv[1])); assert len(m['kernels'])==54; assert all(k['grid']>=1 and k['block']>=32 for k in m['kernels'])" "${out}/manifest.json"
 # The cat with a transposed operand stages it through a shared tile.
 python3 -c "import json,sys; m={k['name']: k for k in json.load(open(sys.argv[1]))['kernels']}; assert m['cat_transposed_bf16']['layout']=='tiled', m['cat_transposed_bf16']" "${out}/manifest.json"
 # Odd rows (50257) move in 8-wide bf16 vectors shifted to each row's alignment.

@@ -172,6 +172,37 @@ kernel "group 1: sum"
   EXPECT_EQ(Pipeline(small.Build()).kernels.kernels.size(), 1u);
 }
 
+// On GPUs a column sum with a few hundred outputs (Llama's RMSNorm weight gradient: 768 outputs
+// over 8 x 512 rows) splits its rows: p = 16 partials of the 512 (12288 partial outputs of 256
+// rows), then the sum of the 16 partials. CPUs, and smaller reductions, keep one row op.
+TEST(FuseTest, ColumnSumSplitsRowsOnGpus) {
+  auto graph = [](int64_t n, int64_t t, int64_t c) {
+    GraphBuilder b;
+    b.Input("x", C32({n, t, c}))
+        .Call("s", "aten.sum.dim_IntList", {Ref("x"), Ints({0, 1})}, C32({c}))
+        .Output({"s"});
+    return b.Build();
+  };
+  LowerOptions gpu;
+  gpu.gpu = true;
+  const Result r = Pipeline(graph(8, 512, 768), false, gpu);
+  ASSERT_EQ(r.ops.row_ops.size(), 2u);
+  EXPECT_EQ(r.ops.row_ops[0].name, "sum_partial");
+  EXPECT_EQ(r.ops.row_ops[0].domain, (std::vector<int64_t>{8, 16, 32, 768}));
+  EXPECT_EQ(r.ops.row_ops[0].reduce_dims, (std::vector<int>{0, 2}));
+  EXPECT_EQ(r.ops.values[r.ops.row_ops[0].outputs[0].value].sizes, (std::vector<int64_t>{16, 768}));
+  EXPECT_EQ(r.ops.row_ops[1].domain, (std::vector<int64_t>{1, 16, 768}));
+  EXPECT_EQ(r.kernels.kernels.size(), 2u);
+  EXPECT_EQ(r.plan.workspace_bytes(), 16 * 768 * 4);
+  // The outermost dim when it reaches 8192 partial outputs alone: 64 x 4096 rows of 256 outputs.
+  const Result outer = Pipeline(graph(64, 4096, 256), false, gpu);
+  ASSERT_EQ(outer.ops.row_ops.size(), 2u);
+  EXPECT_EQ(outer.ops.row_ops[0].domain, (std::vector<int64_t>{32, 2, 4096, 256}));
+  EXPECT_EQ(Pipeline(graph(8, 512, 768)).kernels.kernels.size(), 1u);            // CPU
+  EXPECT_EQ(Pipeline(graph(2, 512, 768), false, gpu).kernels.kernels.size(), 1u);  // 786432 elements
+  EXPECT_EQ(Pipeline(graph(8, 512, 2048), false, gpu).kernels.kernels.size(), 1u);  // 2048 outputs
+}
+
 TEST(FuseTest, SoftmaxGolden) {
   GraphBuilder b;
   b.Input("x", C32({16, 33}))
@@ -218,6 +249,42 @@ TEST(FuseTest, LayerNormBackwardWithAllThreeGradientsCompiles) {
     EXPECT_EQ(r.aten, 0) << "extra " << extra << "\n" << Log(r);
     EXPECT_EQ(r.kernels.kernels.size(), 2u) << "extra " << extra;  // per row, per column
   }
+}
+
+// On GPUs the weight and bias gradients of a layer norm over 768 columns of 8 x 512 rows (two sums
+// in one column reduction) split their rows as one sum does: a partials op with both sums (p = 16
+// of the 512), then both sums of the 16 partials.
+TEST(FuseTest, LayerNormBackwardParamsSplitRowsOnGpus) {
+  GraphBuilder b;
+  const std::vector<int64_t> s = {8, 512, 768};
+  b.Input("go", C32(s)).Input("x", C32(s)).Input("mean", C32({8, 512, 1}))
+      .Input("rstd", C32({8, 512, 1})).Input("w", C32({768})).Input("bias", C32({768}))
+      .Call("lnb", "aten.native_layer_norm_backward.default",
+            {Ref("go"), Ref("x"), Ints({768}), Ref("mean"), Ref("rstd"), Ref("w"), Ref("bias"),
+             L({B(true), B(true), B(true)})},
+            Tuple({C32(s), C32({768}), C32({768})}))
+      .Call("gi", "operator.getitem", {Ref("lnb"), I(0)}, C32(s))
+      .Call("gw", "operator.getitem", {Ref("lnb"), I(1)}, C32({768}))
+      .Call("gb", "operator.getitem", {Ref("lnb"), I(2)}, C32({768}))
+      .Output({"gi", "gw", "gb"});
+  LowerOptions gpu;
+  gpu.gpu = true;
+  const Result r = Pipeline(b.Build(), false, gpu);
+  EXPECT_EQ(r.aten, 0) << Log(r);
+  ASSERT_EQ(r.ops.row_ops.size(), 3u);
+  const RowOp& partial = r.ops.row_ops[1];
+  EXPECT_EQ(partial.name, "native_layer_norm_backward_params_partial");
+  EXPECT_EQ(partial.domain, (std::vector<int64_t>{8, 16, 32, 768}));
+  ASSERT_EQ(partial.accs.size(), 2u);
+  ASSERT_EQ(partial.outputs.size(), 2u);
+  for (const RowOutput& o : partial.outputs) {
+    EXPECT_EQ(r.ops.values[o.value].sizes, (std::vector<int64_t>{16, 768}));
+  }
+  EXPECT_EQ(r.ops.row_ops[2].domain, (std::vector<int64_t>{1, 16, 768}));
+  EXPECT_EQ(r.ops.row_ops[2].inputs.size(), 2u);
+  EXPECT_EQ(r.kernels.kernels.size(), 3u);  // per row, partials, sums of the partials
+  EXPECT_EQ(r.plan.workspace_bytes(), 2 * 16 * 768 * 4);
+  EXPECT_EQ(Pipeline(b.Build()).kernels.kernels.size(), 2u);  // CPU: as before
 }
 
 TEST(FuseTest, LayerNormGolden) {

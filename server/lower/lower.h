@@ -13,8 +13,9 @@
 //   * a row op (reductions sum/mean/prod/amax/amin/max/min/argmax/argmin/any/all/var/std/var_mean,
 //     _softmax, _log_softmax, native_layer_norm, mse_loss); a sum/mean/prod/amax/amin with fewer than 32
 //     outputs over >= 65536 elements each becomes two row ops (partials, then the reduction of
-//     the partials: lower_split.cc), so that a full reduction spreads over the whole machine; on
-//     GPUs (options.gpu) a _softmax/_log_softmax over fewer than 128 rows of >= 65536 columns
+//     the partials: lower_split.cc), so that a full reduction spreads over the whole machine, and
+//     so does one over columns with fewer than 2048 outputs on GPUs (options.gpu); on GPUs a
+//     _softmax/_log_softmax over fewer than 128 rows of >= 65536 columns
 //     becomes partials, each row's max and sum (log_softmax: its log-sum-exp) and a pointwise op
 //     (lower_split.cc), except f32 ones of 32+ rows that a thread-block cluster holds
 //     (options.cluster_row_columns);

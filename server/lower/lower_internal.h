@@ -133,8 +133,11 @@ absl::StatusOr<LValue> NewRowValue(Lowerer& l, const RowBuilder& b, graph::DType
 // least 65536 elements each (loss.sum() of a big tensor): records a first row op of partials
 // (one per output and p-th of the outermost reduced dim that has a divisor p near 2048 / outputs,
 // of the accumulator's type, in the workspace) and makes `b` the same reduction over those p
-// partials. Deterministic (fixed order); the same result up to the order of the additions. Does
-// nothing for any other row op. Call before b.Finish().
+// partials. On GPUs (options().gpu) also a column reduction (its innermost dim kept) with 32 to
+// 2047 outputs and >= 2^21 elements in all (an RMSNorm's or a bias's weight gradient): p partials
+// per output of >= 256 rows each, p the smallest divisor of a reduced dim giving outputs * p >=
+// 8192 (ColumnSplit in lower_split.cc). Deterministic (fixed order); the same result up to the
+// order of the additions. Does nothing for any other row op. Call before b.Finish().
 absl::Status SplitFewOutputReduction(Lowerer& l, RowBuilder& b);
 
 // On GPUs (options().gpu): _softmax / _log_softmax over one dim with fewer than 128 rows (fewer

@@ -24,7 +24,8 @@ using k::ScalarType;
 
 // native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, weight?, bias?, mask):
 // grad_input is one kernel per row (sums of g and g * xhat, g = grad_out * weight); grad_weight
-// and grad_bias are one column reduction over the leading dims (sums of grad_out * xhat, grad_out).
+// and grad_bias are one column reduction over the leading dims (sums of grad_out * xhat, grad_out),
+// split into partials as a sum's (SplitFewOutputReduction) where its rows are many.
 absl::Status LowerLayerNormBackward(Lowerer& l, int32_t node_index) {
   const Node& n = l.graph().nodes[node_index];
   if (n.args.size() < 8 || n.args[2].kind != Arg::Kind::kList || n.type.kind != Type::Kind::kList ||
@@ -117,6 +118,7 @@ absl::Status LowerLayerNormBackward(Lowerer& l, int32_t node_index) {
       }));
       which.push_back(i);
     }
+    KILN_RETURN_IF_ERROR(SplitFewOutputReduction(l, c));  // few columns, or GPU columns over many rows
     std::vector<int32_t> ids;
     KILN_RETURN_IF_ERROR(c.Finish(&ids));
     for (size_t j = 0; j < which.size(); ++j) items[which[j]] = ids[j];

@@ -6,6 +6,7 @@
 #include <functional>
 #include <optional>
 #include <set>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -26,6 +27,17 @@ constexpr int64_t kSoftmaxPartialRows = 8192;  // softmax: partial rows over all
 // cluster per row against the split: 64 x 262144 55 vs 55 us, log_softmax 54 vs 55, 100 x
 // 131072 39 vs 43; but 16 x 262144 16 vs 12 (one wave of clusters: loads, then reductions).
 constexpr int64_t kMinClusterSoftmaxRows = 32;
+// GPUs, column reductions (the innermost dim kept: outputs consecutive in memory, each over rows
+// far apart). The column kernel gives a block a few outputs and all their rows, so a few hundred
+// outputs fill a few dozen blocks: Llama's RMSNorm weight gradient, 768 outputs over 4096 rows of
+// bf16 products, ran as 48 blocks on the H200's 132 SMs (17 us, 43% of copy), while 3072 outputs
+// (GPT's MLP bias gradient) fill the GPU (384 blocks, 93% of copy). Below this many outputs (16
+// bf16 points a block: under a block per SM), the rows split into partials (as a batch norm's do,
+// lower_norm.cc):
+constexpr int64_t kColumnSplitOutputs = 2048;
+constexpr int64_t kColumnPartialPoints = 8192;  // outputs x partials wanted at least
+constexpr int64_t kMinColumnPartialRows = 256;  // rows a partial keeps at least
+constexpr int64_t kMinColumnElements = int64_t{1} << 21;  // smaller reductions: one launch is less
 
 // The largest divisor of n that is <= limit (>= 1).
 int64_t LargestDivisorAtMost(int64_t n, int64_t limit) {
@@ -33,6 +45,23 @@ int64_t LargestDivisorAtMost(int64_t n, int64_t limit) {
     if (n % p == 0) return p;
   }
   return 1;
+}
+
+// A column reduction's split: (the reduced dim, p) such that outputs * p >= kColumnPartialPoints
+// with the smallest such p (p divides the dim's size), each partial keeping at least
+// kMinColumnPartialRows rows; else the largest outputs * p that keeps them; (-1, 1): no split.
+// Outermost dims first. 768 outputs over [8, 512] rows: p = 16 of the 512 (12288 partials of 256).
+std::pair<int, int64_t> ColumnSplit(const std::vector<int64_t>& domain, const std::vector<int>& reduce_dims,
+                                    int64_t outputs, int64_t count) {
+  std::pair<int, int64_t> best{-1, 1};
+  for (int d : reduce_dims) {
+    for (int64_t c = 2; c <= domain[d] && count / c >= kMinColumnPartialRows; ++c) {
+      if (domain[d] % c != 0) continue;
+      if (c > best.second) best = {d, c};
+      if (outputs * c >= kColumnPartialPoints) return best;
+    }
+  }
+  return best;
 }
 
 }  // namespace
@@ -176,40 +205,52 @@ absl::StatusOr<bool> SplitFewRowSoftmax(Lowerer& l, RowBuilder& b, int32_t x, k:
 
 absl::Status SplitFewOutputReduction(Lowerer& l, RowBuilder& b) {
   RowOp& row = b.row;
-  if (row.composite || row.accs.size() != 1) return absl::OkStatus();
-  const k::AccKind kind = row.accs[0].kind;
-  if (kind != k::AccKind::kSum && kind != k::AccKind::kProd && kind != k::AccKind::kMax &&
-      kind != k::AccKind::kMin) {
-    return absl::OkStatus();
+  if (row.composite || row.accs.empty()) return absl::OkStatus();
+  std::vector<graph::DType> acc_dtypes;  // each accumulator's partials
+  for (const RowAcc& a : row.accs) {
+    if (a.kind != k::AccKind::kSum && a.kind != k::AccKind::kProd && a.kind != k::AccKind::kMax &&
+        a.kind != k::AccKind::kMin) {
+      return absl::OkStatus();
+    }
+    const std::optional<graph::DType> t = ToDType(a.dtype);
+    if (!t) return absl::OkStatus();
+    acc_dtypes.push_back(*t);
   }
   for (const RowOutput& o : row.outputs) {
     if (o.in_phase) return absl::OkStatus();
   }
-  const std::optional<graph::DType> acc_dtype = ToDType(row.accs[0].dtype);
-  if (!acc_dtype) return absl::OkStatus();
   const std::vector<int64_t> domain = row.domain;
   const std::set<int> reduced(row.reduce_dims.begin(), row.reduce_dims.end());
   int64_t outputs = 1, count = 1;
   for (size_t i = 0; i < domain.size(); ++i) (reduced.count(static_cast<int>(i)) ? count : outputs) *= domain[i];
-  if (outputs >= kMaxOutputs || count < kMinCount) return absl::OkStatus();
-  const int64_t target = std::max<int64_t>(2, std::min(kPartialRows / outputs, count / kMinPartialLength));
-  // The outermost reduced dim with a divisor p near the target: p partials per output, each over
-  // that dim's d / p consecutive indices and every other reduced dim. p == size: not split.
   int dim = -1;
   int64_t p = 1;
-  for (int d : row.reduce_dims) {
-    const int64_t c = LargestDivisorAtMost(domain[d], std::min(4 * target, count / kMinPartialLength));
-    if (c >= std::max<int64_t>(2, target / 4)) {
-      dim = d;
-      p = c;
-      break;
+  if (outputs >= kMaxOutputs) {
+    const bool column = !domain.empty() && !reduced.count(static_cast<int>(domain.size()) - 1);
+    if (!l.options().gpu || !column || outputs >= kColumnSplitOutputs ||
+        outputs * count < kMinColumnElements) {
+      return absl::OkStatus();
+    }
+    std::tie(dim, p) = ColumnSplit(domain, row.reduce_dims, outputs, count);
+  } else {
+    if (count < kMinCount) return absl::OkStatus();
+    const int64_t target = std::max<int64_t>(2, std::min(kPartialRows / outputs, count / kMinPartialLength));
+    // The outermost reduced dim with a divisor p near the target: p partials per output, each
+    // over that dim's d / p consecutive indices and every other reduced dim. p == size: not split.
+    for (int d : row.reduce_dims) {
+      const int64_t c = LargestDivisorAtMost(domain[d], std::min(4 * target, count / kMinPartialLength));
+      if (c >= std::max<int64_t>(2, target / 4)) {
+        dim = d;
+        p = c;
+        break;
+      }
     }
   }
   if (dim < 0) return absl::OkStatus();
   const bool split = p < domain[dim];
   const int64_t inner = domain[dim] / p;
 
-  // Row op 1: the partials, one per (output, p), of the accumulator's type, contiguous.
+  // Row op 1: the partials, one per (output, p) and accumulator, of its type, contiguous.
   RowBuilder pb{l, b.node_index, b.node, RowOp{}, {}};
   pb.row.name = row.name + "_partial";
   pb.row.inputs = row.inputs;
@@ -235,38 +276,45 @@ absl::Status SplitFewOutputReduction(Lowerer& l, RowBuilder& b) {
     out.insert(out.end(), idx.begin() + dim + 2, idx.end());
     return out;
   };
-  const ElemFn value = row.accs[0].value;
-  pb.row.accs.push_back({kind, row.accs[0].dtype, [value, to_domain](LoadContext& ctx, const std::vector<Affine>& idx) {
-                           return value(ctx, to_domain(idx));
-                         }});
   std::vector<int64_t> sizes;
   for (int i = 0; i < static_cast<int>(domain.size()); ++i) {
     if (i == dim) sizes.push_back(p);
     if (i != dim && !reduced.count(i)) sizes.push_back(domain[i]);
   }
-  KILN_ASSIGN_OR_RETURN(LValue partial, NewRowValue(l, b, *acc_dtype, sizes, pb.row.name));
-  pb.outs.push_back(std::move(partial));
-  RowOutput po;
-  po.fn = [](LoadContext&, const AccReader& a, const std::vector<Affine>&) { return a(0, k::AccField::kValue); };
-  pb.row.outputs.push_back(std::move(po));
-  std::vector<int32_t> ids;
-  KILN_RETURN_IF_ERROR(pb.Finish(&ids));
-  const int32_t partial_id = ids[0];
+  for (size_t a = 0; a < row.accs.size(); ++a) {
+    const ElemFn value = row.accs[a].value;
+    pb.row.accs.push_back({row.accs[a].kind, row.accs[a].dtype,
+                           [value, to_domain](LoadContext& ctx, const std::vector<Affine>& idx) {
+                             return value(ctx, to_domain(idx));
+                           }});
+    KILN_ASSIGN_OR_RETURN(LValue partial, NewRowValue(l, b, acc_dtypes[a], sizes, pb.row.name));
+    pb.outs.push_back(std::move(partial));
+    RowOutput po;
+    po.fn = [a](LoadContext&, const AccReader& r, const std::vector<Affine>&) {
+      return r(static_cast<int>(a), k::AccField::kValue);
+    };
+    pb.row.outputs.push_back(std::move(po));
+  }
+  std::vector<int32_t> partial_ids;
+  KILN_RETURN_IF_ERROR(pb.Finish(&partial_ids));
 
   // Row op 2 (this node's): the same reduction over the partials: dim now of size p, the other
   // reduced dims (folded into the partials) of size 1, so that outputs keep their indices.
   for (int i : row.reduce_dims) row.domain[i] = i == dim ? p : 1;
-  row.inputs = {partial_id};
+  row.inputs = partial_ids;
   std::vector<int> keep;  // the domain dims that index the partials
   for (int i = 0; i < static_cast<int>(domain.size()); ++i) {
     if (i == dim || !reduced.count(i)) keep.push_back(i);
   }
-  const k::ScalarType acc = row.accs[0].dtype;
-  row.accs[0].value = [partial_id, keep, acc](LoadContext& ctx, const std::vector<Affine>& idx) {
-    std::vector<Affine> at;
-    for (int i : keep) at.push_back(idx[i]);
-    return LoadAs(partial_id, acc)(ctx, at);
-  };
+  for (size_t a = 0; a < row.accs.size(); ++a) {
+    const int32_t partial_id = partial_ids[a];
+    const k::ScalarType acc = row.accs[a].dtype;
+    row.accs[a].value = [partial_id, keep, acc](LoadContext& ctx, const std::vector<Affine>& idx) {
+      std::vector<Affine> at;
+      for (int i : keep) at.push_back(idx[i]);
+      return LoadAs(partial_id, acc)(ctx, at);
+    };
+  }
   return absl::OkStatus();
 }
 
