@@ -49,7 +49,7 @@ int VectorCandidates(const std::vector<Stmt>& stmts, Keep keep, Accesses* loads,
 }  // namespace
 
 VecPlan CudaKernelEmitter::PlanVector(const std::vector<Stmt>& stmts, const Var& x, int max_width,
-                                      bool masked_loads) {
+                                      bool masked_loads, bool with_loads) {
   VecPlan plan;
   if (!cuda_.vectorize) return plan;
   Accesses loads, stores;
@@ -121,7 +121,9 @@ VecPlan CudaKernelEmitter::PlanVector(const std::vector<Stmt>& stmts, const Var&
     (*into)[key] = VecAccess{b, index, absl::StrCat(prefix, into->size()),
                              m == masks.end() ? std::vector<Expr>() : m->second};
   };
-  for (const auto& [b, i] : loads) admit(b, i, &plan.loads, "kiln_lv");
+  if (with_loads) {
+    for (const auto& [b, i] : loads) admit(b, i, &plan.loads, "kiln_lv");
+  }
   for (const auto& [b, i] : stores) admit(b, i, &plan.stores, "kiln_sv");
   if (plan.loads.empty() && plan.stores.empty()) return VecPlan();
   plan.width = width;

@@ -246,14 +246,15 @@ extern "C" __global__ void __launch_bounds__(256) kiln_kernel_0(const float* __r
 }
 
 // The canonical column reduction: each thread sums 4 columns with 16-byte loads (misaligned
-// pointers: the same columns, scalar loads; only the loop is emitted twice), and the
-// accumulators meet in shared memory.
+// pointers: the same columns, scalar loads; only the loop is emitted twice), the accumulators
+// meet in shared memory, and the sums go out in one 16-byte store (a misaligned output: four).
 TEST(CudaEmitterGolden, ColumnSumMovesVectorsAndMeetsInSharedMemory) {
   EXPECT_EQ(EmitOne(kt::ColumnSum(4096, 512), /*vectorize=*/true), R"cu(// kiln_kernel_0: column, 1 outer dims, 1 reduction dims, 1 phases, vector width 4, 0 cached values per thread
 extern "C" __global__ void __launch_bounds__(1024) kiln_kernel_0(const float* __restrict__ b0, float* __restrict__ b1) {
   using idx_t = int32_t;
   alignas(16) __shared__ unsigned char kiln_smem[16384];
   const bool kiln_vec = kiln_cuda::aligned(b0, 16);
+  const bool kiln_vec_out = kiln_cuda::aligned(b1, 16);
   const int kiln_lane = threadIdx.x / 2;
   for (idx_t kiln_p = static_cast<idx_t>(blockIdx.x) * 8; kiln_p < 512; kiln_p += static_cast<idx_t>(gridDim.x) * 8) {
     const idx_t kiln_u = kiln_p + threadIdx.x % 2 * 4;
@@ -335,25 +336,48 @@ extern "C" __global__ void __launch_bounds__(1024) kiln_kernel_0(const float* __
     }
     kiln_cuda::column_allreduce_vec<2, 512>(kiln_acc0, kiln_cuda::SumOp(), kiln_smem);
     if (kiln_active && kiln_lane == 0) {
+      kiln_cuda::Vec<float, 4> kiln_sv0;
       {
         const idx_t o0 = kiln_ob + 0;
         float& acc0 = kiln_acc0[0];
-        b1[o0] = acc0;
+        kiln_sv0.v[0] = acc0;
       }
       {
         const idx_t o0 = kiln_ob + 1;
         float& acc0 = kiln_acc0[1];
-        b1[o0] = acc0;
+        kiln_sv0.v[1] = acc0;
       }
       {
         const idx_t o0 = kiln_ob + 2;
         float& acc0 = kiln_acc0[2];
-        b1[o0] = acc0;
+        kiln_sv0.v[2] = acc0;
       }
       {
         const idx_t o0 = kiln_ob + 3;
         float& acc0 = kiln_acc0[3];
-        b1[o0] = acc0;
+        kiln_sv0.v[3] = acc0;
+      }
+      if (kiln_vec_out) {
+        const idx_t o0 = kiln_ob;
+        kiln_cuda::store_vec<4>(b1 + (o0), kiln_sv0);
+      }
+      else {
+        {
+          const idx_t o0 = kiln_ob + 0;
+          b1[o0] = kiln_sv0.v[0];
+        }
+        {
+          const idx_t o0 = kiln_ob + 1;
+          b1[o0] = kiln_sv0.v[1];
+        }
+        {
+          const idx_t o0 = kiln_ob + 2;
+          b1[o0] = kiln_sv0.v[2];
+        }
+        {
+          const idx_t o0 = kiln_ob + 3;
+          b1[o0] = kiln_sv0.v[3];
+        }
       }
     }
   }

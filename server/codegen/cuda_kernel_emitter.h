@@ -187,9 +187,10 @@ class CudaKernelEmitter : public CpuKernelEmitter {
   // ---- vector plans (cuda_emit_vectors.cc) ----
   // At most `max_width` lanes (16 bytes of the widest element: at most 8). masked_loads: masked
   // loads whose mask does not depend on `x` (a window or a padding test over other dims) are
-  // vector loads too, read when their mask holds.
+  // vector loads too, read when their mask holds. with_loads false: only the stores are planned
+  // (and checked), the loads stay scalar.
   VecPlan PlanVector(const std::vector<Stmt>& stmts, const Var& x, int max_width = 8,
-                     bool masked_loads = false);
+                     bool masked_loads = false, bool with_loads = true);
   // Rows of a static length that is not a multiple of the vector width (a 50257 vocabulary): the
   // unmasked accesses contiguous along `x` whose distance to the anchor (the first of them, a load
   // when there is one) is a multiple of the width in every row (constant offset and strides), and
@@ -255,6 +256,9 @@ class CudaKernelEmitter : public CpuKernelEmitter {
   // the lane's element of each accumulator array (kiln_acc<id>[lane]) named as the scalar
   // accumulator, so that statements emit as in the scalar layout.
   void DeclareColumnLane(const std::string& value, int lane);
+  // A vector column's body (kiln_lane 0 of each point group): its lanes, and its stores along the
+  // points as vectors where they line up (one store per vector, else each lane's element).
+  void EmitColumnBody(int width);
   // kColumn: a phase's loop over the thread's rows (kiln_r), under kiln_active; vector lanes when
   // plan.width > 1 (its accesses as vectors, the rest scalar per lane).
   void EmitColumnLoop(const std::vector<Stmt>& stmts, const VecPlan& plan, const std::string& total_code,
