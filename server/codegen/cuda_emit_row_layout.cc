@@ -34,6 +34,11 @@ int StateBytes(const Accumulator& a) {
   }
 }
 
+// Blocks of `threads` threads, each serving `vec` consecutive points, over `points` points.
+int64_t BlocksOf(int64_t points, int threads, int vec) {
+  return (points + int64_t{threads} * vec - 1) / (int64_t{threads} * vec);
+}
+
 }  // namespace
 
 bool CudaKernelEmitter::IsColumnReduction() const {
@@ -91,6 +96,48 @@ VecPlan CudaKernelEmitter::PlanColumnVector() {
   return VecPlan();
 }
 
+int CudaKernelEmitter::ColumnLanes(absl::optional<int64_t> points, absl::optional<int64_t> total_c,
+                                   int vec, int max_state) const {
+  const int min_group = std::max(8, 32 / column_points_);  // whole warps
+  int max_group = 1024 / column_points_;
+  if (vec > 1) {
+    // Registers: V accumulators and V lanes of each load per thread. A thread of a 1024-thread
+    // block has 64; more accumulators and loads (a batch norm's backward partials with its
+    // fused producers: 4 sums over 11 loads) take 512-thread blocks (128 each) instead of
+    // spilling.
+    if (vec * ColumnWords() + 16 > 65536 / 1024) max_group = std::min(max_group, 512 / column_points_);
+    // The all-reduce's V states per thread within kColumnSmemBytes, and at least 16 rows per
+    // thread where the reduction's length is known (a split batch norm's partials are a few
+    // hundred rows: fewer, longer-running threads rather than a tree over many lanes that each
+    // load a few rows).
+    while (max_group > min_group && column_points_ * max_group * vec * max_state > kColumnSmemBytes) {
+      max_group /= 2;
+    }
+    if (total_c) {
+      // Unless that leaves the GPU mostly idle: a forward batch norm's first pass over 32 x 256
+      // (n, c) points of 196 rows took 8.3 us for 3.3 MB in 64-thread blocks (4 warps per SM,
+      // too few loads in flight); then at least 4 rows per thread.
+      auto capped = [&](int64_t min_rows) {
+        int group = max_group;
+        while (group > min_group && *total_c < int64_t{group} * min_rows) group /= 2;
+        return group;
+      };
+      const int at_16 = capped(16);
+      const bool idle = points && BlocksOf(*points, column_points_, vec) * column_points_ * at_16 <
+                                      int64_t{num_sms_} * kThreadsPerSm / 2;
+      max_group = idle ? capped(4) : at_16;
+    }
+  }
+  if (!points) return std::max(min_group, std::min(32, max_group));
+  // Threads per point (min_group up) until the blocks fill every SM's threads.
+  const int64_t blocks = BlocksOf(*points, column_points_, vec);
+  int group = min_group;
+  while (group < max_group && blocks * column_points_ * group < int64_t{num_sms_} * kThreadsPerSm) {
+    group *= 2;
+  }
+  return group;
+}
+
 void CudaKernelEmitter::ChooseRowLayout(const Size& rows, absl::optional<int64_t> total_c) {
   launch_.work = rows;
   int max_state = 0;
@@ -106,7 +153,7 @@ void CudaKernelEmitter::ChooseRowLayout(const Size& rows, absl::optional<int64_t
     // (a bf16 batch norm's partials: 16 threads of 4 channels); scalar ones: 32 points.
     column_points_ = vec == 1 ? kColumnPoints : std::max(1, std::min(kColumnPoints, 128 / (vec * narrowest)));
     const absl::optional<int64_t> points = rows.AsConst();
-    auto blocks_of = [&](int threads) { return (*points + int64_t{threads} * vec - 1) / (int64_t{threads} * vec); };
+    auto blocks_of = [&](int threads) { return BlocksOf(*points, threads, vec); };
     if (points) {
       // Fewer points than a block per SM (a batch norm's 32 x 64 (n, c) partials): narrower
       // blocks, down to 32 bytes of the narrowest coalesced load per row (a whole sector), and
@@ -115,6 +162,7 @@ void CudaKernelEmitter::ChooseRowLayout(const Size& rows, absl::optional<int64_t
         column_points_ /= 2;
       }
     }
+    bool one_per_point = false;
     if (total_c && points && *total_c <= kShortColumnRows) {
       // A few rows per point (grouped-query attention's backward sums the 3 query heads that
       // share a key head: 1M points of 3 rows): lanes along the rows would mostly idle (8 lanes
@@ -122,56 +170,10 @@ void CudaKernelEmitter::ChooseRowLayout(const Size& rows, absl::optional<int64_t
       // thread of a block along the points, while that leaves two blocks per SM.
       int across = 256;
       while (across > 32 && blocks_of(across) < 2 * num_sms_) across /= 2;
-      if (blocks_of(across) >= num_sms_) {
-        column_points_ = across;
-        group_ = 1;
-        launch_.block = across;
-        launch_.work_per_block = across * vec;
-        launch_.max_grid = int64_t{num_sms_} * (kThreadsPerSm / launch_.block) * 4;
-        smem_bytes_ = launch_.block * max_state * vec;
-        return;
-      }
+      one_per_point = blocks_of(across) >= num_sms_;
+      if (one_per_point) column_points_ = across;
     }
-    const int min_group = std::max(8, 32 / column_points_);  // whole warps
-    int max_group = 1024 / column_points_;
-    if (vec > 1) {
-      // Registers: V accumulators and V lanes of each load per thread. A thread of a 1024-thread
-      // block has 64; more accumulators and loads (a batch norm's backward partials with its
-      // fused producers: 4 sums over 11 loads) take 512-thread blocks (128 each) instead of
-      // spilling.
-      if (vec * ColumnWords() + 16 > 65536 / 1024) max_group = std::min(max_group, 512 / column_points_);
-      // The all-reduce's V states per thread within kColumnSmemBytes, and at least 16 rows per
-      // thread where the reduction's length is known (a split batch norm's partials are a few
-      // hundred rows: fewer, longer-running threads rather than a tree over many lanes that each
-      // load a few rows).
-      while (max_group > min_group && column_points_ * max_group * vec * max_state > kColumnSmemBytes) {
-        max_group /= 2;
-      }
-      if (total_c) {
-        // Unless that leaves the GPU mostly idle: a forward batch norm's first pass over 32 x 256
-        // (n, c) points of 196 rows took 8.3 us for 3.3 MB in 64-thread blocks (4 warps per SM,
-        // too few loads in flight); then at least 4 rows per thread.
-        auto capped = [&](int64_t min_rows) {
-          int group = max_group;
-          while (group > min_group && *total_c < int64_t{group} * min_rows) group /= 2;
-          return group;
-        };
-        const int at_16 = capped(16);
-        const bool idle = points && blocks_of(column_points_) * column_points_ * at_16 <
-                                        int64_t{num_sms_} * kThreadsPerSm / 2;
-        max_group = idle ? capped(4) : at_16;
-      }
-    }
-    if (points) {
-      // Threads per point (min_group up) until the blocks fill every SM's threads.
-      const int64_t blocks = blocks_of(column_points_);
-      group_ = min_group;
-      while (group_ < max_group && blocks * column_points_ * group_ < int64_t{num_sms_} * kThreadsPerSm) {
-        group_ *= 2;
-      }
-    } else {
-      group_ = std::max(min_group, std::min(32, max_group));
-    }
+    group_ = one_per_point ? 1 : ColumnLanes(points, total_c, vec, max_state);
     launch_.block = column_points_ * group_;
     launch_.work_per_block = column_points_ * vec;
     launch_.max_grid = int64_t{num_sms_} * (kThreadsPerSm / launch_.block) * 4;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <map>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -397,11 +398,10 @@ void CudaKernelEmitter::EmitColumnBody(int width) {
   const Var x{VarKind::kOuter, static_cast<int32_t>(k_.outer.size()) - 1};
   VecPlan stores = PlanVector(k_.body, x, width, /*masked_loads=*/false, /*with_loads=*/false);
   if (stores.width != width) stores = VecPlan();
-  for (const ExprNode* l : LoadsOf(k_.body)) {  // a lane reading what an earlier lane stores
-    for (const auto& [key, a] : stores.stores) {
-      if (a.buffer.index == l->buffer.index) stores = VecPlan();
-      if (stores.stores.empty()) break;
-    }
+  std::set<int> stored;
+  for (const auto& [key, a] : stores.stores) stored.insert(a.buffer.index);
+  for (const ExprNode* l : LoadsOf(k_.body)) {  // a lane would read an earlier lane's store
+    if (stored.count(l->buffer.index)) stores = VecPlan();
   }
   if (!stores.stores.empty()) {
     hoisted_.Linef("const bool kiln_vec_out = ", VecFlag(stores), ";");

@@ -248,6 +248,10 @@ class CudaKernelEmitter : public CpuKernelEmitter {
   // kColumn: 32-bit words per point that a thread keeps: its accumulators' states plus one per
   // distinct load of the phases (a lane's widened value), for the register budget of a block.
   int ColumnWords() const;
+  // kColumn: threads per point (lanes along the rows) for column_points_ points a block row,
+  // `points` points in all (nullopt: dynamic), rows of static length total_c, V = vec.
+  int ColumnLanes(absl::optional<int64_t> points, absl::optional<int64_t> total_c, int vec,
+                  int max_state) const;
   // Column kernels: the body's loads (a batch norm's running statistics and weight), which read
   // no accumulator, into registers before the rows: after the all-reduces' barriers each was one
   // more memory round trip on the kernel's path (0.4-2 us of a 4-8 us batch norm merge, H200).
