@@ -751,6 +751,17 @@ def _loss_precision(out):
     return out.float() if out.dtype in (torch.float16, torch.bfloat16) else out
 
 
+def _mse_loss_to(target, device):
+    """The transformer blocks' training loss: MSE against a fixed target, in _loss_precision."""
+    _, _, F = _nn()
+    target = target.to(device)
+
+    def loss_fn(out):
+        o = _loss_precision(out)
+        return F.mse_loss(o, target.to(o.dtype))
+    return loss_fn
+
+
 def make_case(name, quick, device, seed=0, batch=None):
     """A fresh Case (fp32 weights, seeded) on `device`."""
     torch, nn, F = _nn()
@@ -764,10 +775,7 @@ def make_case(name, quick, device, seed=0, batch=None):
         target = torch.randn(B, g["T"], g["d"])
         inputs = [x]
         float_inputs = [0]
-
-        def loss_fn(out, target=target.to(device)):
-            o = _loss_precision(out)
-            return F.mse_loss(o, target.to(o.dtype))
+        loss_fn = _mse_loss_to(target, device)
     elif name == "bert":
         g = s["bert"]
         B = batch or g["B"]
@@ -779,10 +787,7 @@ def make_case(name, quick, device, seed=0, batch=None):
         target = torch.randn(B, g["T"], g["d"])
         inputs = [x, mask]
         float_inputs = [0, 1]
-
-        def loss_fn(out, target=target.to(device)):
-            o = _loss_precision(out)
-            return F.mse_loss(o, target.to(o.dtype))
+        loss_fn = _mse_loss_to(target, device)
     elif name == "llama":
         g = s["llama"]
         B = batch or g["B"]
@@ -791,10 +796,7 @@ def make_case(name, quick, device, seed=0, batch=None):
         target = torch.randn(B, g["T"], g["d"])
         inputs = [x]
         float_inputs = [0]
-
-        def loss_fn(out, target=target.to(device)):
-            o = _loss_precision(out)
-            return F.mse_loss(o, target.to(o.dtype))
+        loss_fn = _mse_loss_to(target, device)
     elif name in ("resnet18", "resnet50"):
         g = s["resnet"]
         B = batch or g["B"]
